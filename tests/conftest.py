@@ -25,3 +25,7 @@ def pretrain_home(tmp_path, monkeypatch) -> Path:
 def shared_data() -> Path:
     assert SHARED_DATA.is_dir(), f"the shared data is expected at {SHARED_DATA}"
     return SHARED_DATA
+
+
+# A real S3-compatible server on loopback for every test folder that needs one.
+from tests.s3_server import moto_server, s3, s3_proxy, store  # noqa: E402,F401  (pytest fixtures)

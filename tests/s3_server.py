@@ -1,4 +1,4 @@
-"""A real S3-compatible server for the store tests: moto_server on loopback, plus a TCP relay to cut.
+"""A real S3-compatible server for tests: moto_server on loopback, plus a TCP relay to cut (fixtures registered in tests/conftest.py).
 
 - `moto_server` (session): one `moto_server -H 127.0.0.1 -p PORT` subprocess, started once (it takes
   about a second), with `.stop()` / `.start()` to kill it and bring it back on the same port. Moto

@@ -1,0 +1,149 @@
+"""Recipes: the YAML a user edits, validated by pydantic before anything runs.
+
+A recipe composes the engines' own config types (a source's `reader` is `pipelines.ingest.ReaderConfig`),
+so a field added to an engine is a recipe field at once. Every error names the file and the field:
+
+    recipes/mine.yaml: sources[1] (web).reader.min_text_chars: Input should be a valid integer
+
+The recipe in force is chosen by `--recipe` (CLI) or `PRETRAIN_RECIPE`, default `recipes/demo.yaml`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+import pydantic
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from pipelines.ingest import ReaderConfig, expand_inputs
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEMO_RECIPE = REPO_ROOT / "recipes" / "demo.yaml"
+
+# Reader settings that change how the work is done but never what it produces (ingest output is
+# identical for any worker count, and the threshold only decides whether to fail). Leaving them out
+# of the code version means tuning them does not make the asset stale.
+READER_FIELDS_NOT_VERSIONED = ("workers", "max_bad_fraction")
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be used; the message names the file and the field."""
+
+
+class SourceConfig(BaseModel):
+    """One input corpus: where it is, how to read it, and (later) its per-stage settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Asset-key-safe name: lower-case letters, digits and _")
+    format: Literal["warc", "wet", "jsonl", "parquet", "text"]
+    inputs: list[str] = Field(min_length=1, description="Paths, globs or file:// URIs, relative to base_dir")
+    reader: ReaderConfig = ReaderConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _asset_key_safe(cls, name: str) -> str:
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+            raise ValueError(f"source name {name!r} must match [a-z][a-z0-9_]* (it becomes an asset key)")
+        return name
+
+    def raw_section(self) -> dict:
+        """The part of this source that decides the `raw_crawl` output (its code version hashes this)."""
+        reader = pydantic.TypeAdapter(ReaderConfig).dump_python(self.reader, mode="json")
+        for field in READER_FIELDS_NOT_VERSIONED:
+            reader.pop(field, None)
+        return {"name": self.name, "format": self.format, "inputs": list(self.inputs), "reader": reader}
+
+
+class Recipe(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    description: str = ""
+    base_dir: str = Field(".", description="Where relative inputs are found, relative to the recipe file")
+    sources: list[SourceConfig] = Field(min_length=1)
+
+    # Set by load_recipe, not by the YAML: where the recipe came from, to resolve relative inputs.
+    path: Path | None = Field(None, exclude=True)
+
+    @field_validator("sources")
+    @classmethod
+    def _unique_names(cls, sources: list[SourceConfig]) -> list[SourceConfig]:
+        seen: set[str] = set()
+        for source in sources:
+            if source.name in seen:
+                raise ValueError(f"source name {source.name!r} is used twice")
+            seen.add(source.name)
+        return sources
+
+    @property
+    def input_root(self) -> Path:
+        anchor = self.path.parent if self.path else Path.cwd()
+        return (anchor / self.base_dir).resolve()
+
+    def source(self, name: str) -> SourceConfig:
+        for source in self.sources:
+            if source.name == name:
+                return source
+        raise KeyError(f"recipe {self.name!r} has no source {name!r}; it has {[s.name for s in self.sources]}")
+
+    def input_files(self, source: SourceConfig) -> list[Path]:
+        return expand_inputs(source.inputs, self.input_root)
+
+
+def recipe_path(explicit: str | os.PathLike | None = None) -> Path:
+    """The recipe in force: the explicit one, else PRETRAIN_RECIPE, else the demo."""
+    chosen = explicit or os.environ.get("PRETRAIN_RECIPE") or DEMO_RECIPE
+    return Path(chosen).expanduser().resolve()
+
+
+def load_recipe(path: str | os.PathLike | None = None) -> Recipe:
+    """Read and validate a recipe, including that every input exists. Raises RecipeError."""
+    path = recipe_path(path)
+    if not path.is_file():
+        raise RecipeError(f"{path}: recipe file not found")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise RecipeError(f"{path}: a recipe is a mapping of sections, got {type(raw).__name__}")
+    try:
+        recipe = Recipe.model_validate({**raw, "path": path})
+    except pydantic.ValidationError as exc:
+        raise RecipeError(_describe(path, raw, exc)) from None
+    for i, source in enumerate(recipe.sources):
+        try:
+            recipe.input_files(source)
+        except ValueError as exc:
+            raise RecipeError(f"{path}: sources[{i}] ({source.name}).inputs: {exc}") from None
+    return recipe
+
+
+def _describe(path: Path, raw: dict, exc: pydantic.ValidationError) -> str:
+    lines = []
+    for error in exc.errors():
+        lines.append(f"{path}: {_field_name(raw, error['loc'])}: {error['msg']}")
+    return "\n".join(lines)
+
+
+def _field_name(raw: dict, loc: tuple) -> str:
+    """('sources', 1, 'reader', 'workers') -> 'sources[1] (web).reader.workers'."""
+    parts: list[str] = []
+    node = raw
+    for item in loc:
+        if isinstance(item, int):
+            label = f"[{item}]"
+            if isinstance(node, list) and item < len(node):
+                node = node[item]
+                if isinstance(node, dict) and "name" in node:
+                    label += f" ({node['name']})"
+            parts.append(label)
+        else:
+            parts.append(("." if parts else "") + str(item))
+            node = node.get(item) if isinstance(node, dict) else None
+    return "".join(parts) or "(top level)"

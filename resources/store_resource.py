@@ -1,0 +1,24 @@
+"""The Dagster resource around `resources.store`: where assets write their immutable outputs.
+
+The store itself is a plain module so the trainer can use it without Dagster; this wrapper only
+carries its configuration. Credentials never appear here: boto3 reads them from the environment.
+"""
+
+from __future__ import annotations
+
+from dagster import ConfigurableResource
+
+from resources.store import ObjectStore, open_store
+
+
+class StoreResource(ConfigurableResource):
+    """A local folder (default, under PRETRAIN_HOME) or `s3://bucket/prefix` on any S3-compatible server."""
+
+    url: str
+    endpoint_url: str | None = None
+    region: str | None = None
+
+    def open(self) -> ObjectStore:
+        if self.url.startswith("s3://"):
+            return open_store(self.url, endpoint_url=self.endpoint_url, region=self.region)
+        return open_store(self.url)

@@ -1,0 +1,130 @@
+"""`pretrain` end to end on a copy of the demo recipe: materialize, status, staleness, where, docs.
+
+One long test on purpose: materializing the demo takes the time, the checks after it are cheap.
+"""
+
+import json
+
+import yaml
+from dagster import AssetKey, DagsterInstance
+
+from assets.cli import main
+from assets.recipe import DEMO_RECIPE
+
+
+def write_demo_copy(path, mutate=lambda raw: None):
+    raw = yaml.safe_load(DEMO_RECIPE.read_text())
+    raw["base_dir"] = str((DEMO_RECIPE.parent / raw["base_dir"]).resolve())
+    mutate(raw)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+
+
+def status_rows(capsys) -> dict[str, tuple[str, str]]:
+    capsys.readouterr()
+    assert main(["status"]) == 0
+    rows = {}
+    for line in capsys.readouterr().out.splitlines():
+        key, state, cause = line.split(None, 2)
+        rows[key] = (state, cause)
+    return rows
+
+
+def materialization_counts(keys) -> dict[str, int]:
+    instance = DagsterInstance.get()
+    return {key: len(instance.fetch_materializations(AssetKey.from_user_string(key), limit=100).records) for key in keys}
+
+
+def set_math_min_chars(raw, value):
+    for source in raw["sources"]:
+        if source["name"] == "math":
+            source.setdefault("reader", {})["min_text_chars"] = value
+
+
+def test_one_changed_source_is_exactly_what_is_stale_and_rematerialized(tmp_path, monkeypatch, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    write_demo_copy(recipe)
+    monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
+
+    before = status_rows(capsys)
+    assert before and all(state == "missing" for state, _ in before.values())
+
+    assert main(["materialize"]) == 0
+    fresh = status_rows(capsys)
+    assert set(fresh) == set(before)
+    assert all(state == "fresh" for state, _ in fresh.values()), fresh
+
+    # A reader setting of one source changes: that source's raw asset alone turns stale.
+    write_demo_copy(recipe, lambda raw: set_math_min_chars(raw, 20))
+    changed = status_rows(capsys)
+    stale = {key: cause for key, (state, cause) in changed.items() if state != "fresh"}
+    assert list(stale) == ["curation/math/raw_crawl"]
+    assert "code version" in stale["curation/math/raw_crawl"]
+
+    counts_before = materialization_counts(changed)
+    assert main(["materialize", "--stale"]) == 0
+    counts_after = materialization_counts(changed)
+    rerun = {key for key in changed if counts_after[key] != counts_before[key]}
+    assert rerun == {"curation/math/raw_crawl"}
+    assert counts_after["curation/math/raw_crawl"] == counts_before["curation/math/raw_crawl"] + 1
+    assert all(state == "fresh" for state, _ in status_rows(capsys).values())
+
+    # Nothing stale: --stale does nothing.
+    assert main(["materialize", "--stale"]) == 0
+    assert materialization_counts(changed) == counts_after
+
+    # where: URI first, then the manifest of the new version.
+    capsys.readouterr()
+    assert main(["where", "curation/math/raw_crawl"]) == 0
+    uri, manifest_text = capsys.readouterr().out.split("\n", 1)
+    manifest = json.loads(manifest_text)
+    assert uri.startswith("file://") and uri.endswith(manifest["version_key"])
+    assert manifest["asset"] == "curation/math/raw_crawl"
+    assert manifest["counts"]["kept"] == 7473  # every GSM8K problem is longer than 20 characters
+    assert manifest["data_version"]
+
+    # docs: real documents, with their source and origin.
+    assert main(["docs", "raw_crawl", "--source", "math", "--limit", "3"]) == 0
+    docs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(docs) == 3
+    assert all(doc["metadata"]["source"] == "math" and doc["text"] for doc in docs)
+
+
+def test_cli_errors_go_to_stderr_with_nonzero_status(tmp_path, monkeypatch, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    write_demo_copy(recipe, lambda raw: raw["sources"][0].update(format="pdf"))
+    assert main(["status", "--recipe", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert str(recipe) in err and "format" in err
+
+    write_demo_copy(recipe)
+    assert main(["where", "curation/nope/raw_crawl", "--recipe", str(recipe)]) == 2
+    assert "no asset" in capsys.readouterr().err
+    assert main(["where", "curation/math/raw_crawl", "--recipe", str(recipe)]) == 2
+    assert "never been materialized" in capsys.readouterr().err
+    assert main(["materialize", "--select", "curation/zzz/*", "--recipe", str(recipe)]) == 2
+    assert "matches no asset" in capsys.readouterr().err
+
+
+def test_assets_write_to_s3_and_the_cli_reads_back(tmp_path, monkeypatch, capsys, s3):
+    """The same asset code on the S3 backend: PRETRAIN_STORE names the bucket, nothing else changes."""
+    recipe = tmp_path / "recipe.yaml"
+    write_demo_copy(recipe)
+    monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
+    monkeypatch.setenv("PRETRAIN_STORE", f"s3://{s3.bucket}/factory")
+
+    assert main(["materialize", "--select", "curation/code/raw_crawl"]) == 0
+    capsys.readouterr()
+    assert main(["where", "curation/code/raw_crawl"]) == 0
+    uri, manifest_text = capsys.readouterr().out.split("\n", 1)
+    manifest = json.loads(manifest_text)
+    assert uri == f"s3://{s3.bucket}/factory/curation/code/raw_crawl/{manifest['version_key']}"
+    keys = {obj["Key"] for obj in s3.client().list_objects_v2(Bucket=s3.bucket)["Contents"]}
+    prefix = f"factory/curation/code/raw_crawl/{manifest['version_key']}"
+    assert keys == {f"{prefix}/{entry['path']}" for entry in manifest["files"]} | {f"{prefix}/manifest.json"}
+    # The tarball holds 1,385 .py files; the empty ones (__init__.py) are counted, not written.
+    counts = manifest["counts"]
+    assert counts["kept"] + counts["skipped"]["empty"] == 1385 and counts["kept"] > 1000
+
+    assert main(["docs", "curation/code/raw_crawl", "--limit", "2"]) == 0
+    docs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(docs) == 2 and all(doc["metadata"]["source"] == "code" for doc in docs)

@@ -1,0 +1,79 @@
+"""Recipes fail at load, before anything runs, with the file and the field named."""
+
+import pytest
+import yaml
+
+from assets.recipe import DEMO_RECIPE, RecipeError, load_recipe
+
+
+def write_recipe(tmp_path, mutate) -> str:
+    """A copy of the demo recipe, changed by `mutate`, with base_dir made absolute."""
+    raw = yaml.safe_load(DEMO_RECIPE.read_text())
+    raw["base_dir"] = str((DEMO_RECIPE.parent / raw["base_dir"]).resolve())
+    mutate(raw)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return str(path)
+
+
+def test_demo_recipe_loads_and_names_real_inputs(shared_data):
+    recipe = load_recipe(DEMO_RECIPE)
+    names = [source.name for source in recipe.sources]
+    assert {"web", "c4", "books", "code", "math"} <= set(names)
+    for source in recipe.sources:
+        files = recipe.input_files(source)
+        assert files and all(shared_data in f.parents for f in files), source.name
+
+
+def test_pretrain_recipe_env_chooses_the_recipe(tmp_path, monkeypatch):
+    path = write_recipe(tmp_path, lambda raw: raw.update(name="chosen-by-env"))
+    monkeypatch.setenv("PRETRAIN_RECIPE", path)
+    assert load_recipe().name == "chosen-by-env"
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda raw: raw.update(colour="blue"), "colour: Extra inputs are not permitted"),
+        (lambda raw: raw["sources"][0].update(formt="warc"), "sources[0] (web).formt: Extra inputs are not permitted"),
+        (lambda raw: raw["sources"][1]["reader"].update(min_text_chars="many") if "reader" in raw["sources"][1] else raw["sources"][1].update(reader={"min_text_chars": "many"}),
+         "sources[1] (cc).reader.min_text_chars: Input should be a valid integer"),
+        (lambda raw: raw["sources"][0]["reader"].update(bogus=1), "sources[0] (web).reader.bogus"),
+        (lambda raw: raw["sources"][2].update(format="pdf"), "sources[2] (cc_wet).format: Input should be"),
+        (lambda raw: raw["sources"][3].update(inputs=["jsonl/no-such-file-*.jsonl.gz"]), "sources[3] (c4).inputs: "),
+        (lambda raw: raw["sources"].append(dict(raw["sources"][0])), "source name 'web' is used twice"),
+        (lambda raw: raw["sources"][0].update(name="Web Pages"), "sources[0] (Web Pages).name"),
+    ],
+    ids=["unknown-top-key", "unknown-source-key", "wrong-type", "unknown-reader-key", "bad-format", "missing-input", "duplicate-name", "bad-name"],
+)
+def test_bad_recipe_names_the_file_and_the_field(tmp_path, mutate, expected):
+    path = write_recipe(tmp_path, mutate)
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(path)
+    message = str(caught.value)
+    assert path in message
+    assert expected in message
+
+
+def test_missing_input_names_the_pattern(tmp_path):
+    path = write_recipe(tmp_path, lambda raw: raw["sources"][3].update(inputs=["jsonl/no-such-file-*.jsonl.gz"]))
+    with pytest.raises(RecipeError, match="no-such-file"):
+        load_recipe(path)
+
+
+def test_missing_recipe_file_and_bad_yaml(tmp_path):
+    with pytest.raises(RecipeError, match="recipe file not found"):
+        load_recipe(tmp_path / "absent.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: x\nsources: [\n")
+    with pytest.raises(RecipeError, match=f"{broken}: not valid YAML"):
+        load_recipe(broken)
+
+
+def test_reader_settings_that_do_not_change_output_do_not_change_the_version():
+    recipe = load_recipe(DEMO_RECIPE)
+    web = recipe.source("web")
+    faster = web.model_copy(update={"reader": type(web.reader)(**{**web.reader.__dict__, "workers": 7})})
+    stricter = web.model_copy(update={"reader": type(web.reader)(**{**web.reader.__dict__, "min_text_chars": 500})})
+    assert faster.raw_section() == web.raw_section()
+    assert stricter.raw_section() != web.raw_section()
