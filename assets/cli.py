@@ -136,18 +136,14 @@ class Factory:
         return candidates[0]
 
     def current_output(self, key):
-        """(store, prefix, manifest) of the asset's latest materialization in this instance."""
-        event = self.instance.get_latest_materialization_event(key)
-        if event is None:
-            raise UsageError(f"{key.to_user_string()} has never been materialized: run `pretrain materialize --select {key.to_user_string()}`")
-        prefix = event.asset_materialization.metadata["prefix"].value
-        from resources.store import read_manifest
+        """The asset's latest committed output in this instance and its store."""
+        from assets.upstream import OutputNotFound, latest_output
 
         store = self.defs.resources["store"].open()
-        manifest = read_manifest(store, prefix)
-        if manifest is None:
-            raise UsageError(f"{store.uri(prefix)} has no manifest: the output is missing or incomplete in the store")
-        return store, prefix, manifest
+        try:
+            return store, latest_output(self.instance, store, key)
+        except OutputNotFound as exc:
+            raise UsageError(str(exc)) from None
 
 
 def _describe_cause(cause) -> str:
@@ -195,21 +191,21 @@ def _status(args) -> int:
 
 def _where(args) -> int:
     factory = Factory(args.recipe)
-    store, prefix, manifest = factory.current_output(factory.resolve(args.asset, args.source))
-    print(store.uri(prefix))
-    print(json.dumps(manifest, indent=2))
+    store, output = factory.current_output(factory.resolve(args.asset, args.source))
+    print(store.uri(output.prefix))
+    print(json.dumps(output.manifest, indent=2))
     return 0
 
 
 def _docs(args) -> int:
     factory = Factory(args.recipe)
-    store, prefix, manifest = factory.current_output(factory.resolve(args.asset, args.source))
+    store, output = factory.current_output(factory.resolve(args.asset, args.source))
     remaining = args.limit
     out = sys.stdout
-    for entry in manifest["files"]:
-        if not (entry["path"].startswith("part-") and entry["path"].endswith(".jsonl.gz")):
+    for key in output.files():
+        if not key.endswith(".jsonl.gz"):
             continue
-        with contextlib.closing(store.open_read(f"{prefix}/{entry['path']}")) as raw, gzip.open(raw) as lines:
+        with contextlib.closing(store.open_read(key)) as raw, gzip.open(raw) as lines:
             for line in io.TextIOWrapper(lines, encoding="utf-8"):
                 if remaining is not None and remaining <= 0:
                     return 0
