@@ -128,3 +128,25 @@ def test_assets_write_to_s3_and_the_cli_reads_back(tmp_path, monkeypatch, capsys
     assert main(["docs", "curation/code/raw_crawl", "--limit", "2"]) == 0
     docs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(docs) == 2 and all(doc["metadata"]["source"] == "code" for doc in docs)
+
+
+def test_a_source_past_its_bad_fraction_fails_and_commits_nothing(tmp_path, monkeypatch, capsys, shared_data):
+    """Corrupt records beyond the recipe's threshold fail the asset with the source named; nothing is committed."""
+    import gzip
+
+    lines = gzip.open(shared_data / "jsonl" / "olmo_c4-sample.01.json.gz", "rt").read().splitlines()
+    damaged = tmp_path / "damaged.jsonl"
+    damaged.write_text("\n".join(lines[:6] + ['{"text": "cut off', "not json at all", "{]", "{"]) + "\n")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "name": "damaged",
+        "sources": [{"name": "shaky", "format": "jsonl", "inputs": [str(damaged)], "reader": {"max_bad_fraction": 0.2}}],
+    }))
+    monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
+
+    assert main(["materialize"]) == 1
+    captured = capsys.readouterr()
+    assert "shaky" in captured.err and "bad_json" in captured.err
+    assert status_rows(capsys) == {"curation/shaky/raw_crawl": ("missing", "never materialized")}
+    store_root = tmp_path / "pretrain-home" / "store"
+    assert not list(store_root.rglob("manifest.json"))
