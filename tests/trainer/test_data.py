@@ -1,0 +1,190 @@
+"""The packed-shard reader and the mixture sampler, on real packed documents (math, books, code)."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipelines.tokenize import PackingConfig, TokenizerConfig, adopt_tokenizer, pack_documents
+from resources.store import commit_folder, open_store
+from trainer.data import BLEND_BLOCK, DataConfig, MixtureDataset, PackedSource, blend_index, rank_indices
+
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+EOS = 50256
+
+
+def real_documents() -> dict[str, list[dict]]:
+    math = [json.loads(line) for line in (DATA / "math" / "gsm8k_train.jsonl").read_text().splitlines()[:1500]]
+    books = (DATA / "books" / "tinyshakespeare.txt").read_text().split("\n\n")[:3000]
+    with tarfile.open(DATA / "code" / "thealgorithms_python_py_files.tar.gz") as tar:
+        members = [m for m in tar.getmembers() if m.isfile() and m.name.endswith(".py")][:300]
+        code = [tar.extractfile(m).read().decode("utf-8", errors="replace") for m in members]
+    return {
+        "math": [{"id": f"math/{i}", "text": f"{d['question']}\n\n{d['answer']}"} for i, d in enumerate(math)],
+        "books": [{"id": f"books/{i}", "text": t} for i, t in enumerate(books) if t.strip()],
+        "code": [{"id": f"code/{i}", "text": t} for i, t in enumerate(code) if t.strip()],
+    }
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> dict[str, str]:
+    """One committed packed output per source (manifest.json with file hashes), as the packed asset writes it."""
+    root = tmp_path_factory.mktemp("packed")
+    store = open_store(root / "store")
+    tokenizer = adopt_tokenizer(DATA / "tokenizers" / "gpt2" / "tokenizer.json", TokenizerConfig())
+    folders = {}
+    for name, docs in real_documents().items():
+        work = root / "work" / name
+        stats = pack_documents(docs, tokenizer, eos_id=EOS, out_dir=work, config=PackingConfig(val_fraction=0.05))
+        commit_folder(store, name, work, {"asset": f"tokenization/{name}/packed", "packing": stats.manifest_section()})
+        folders[name] = str(root / "store" / name)
+    return folders
+
+
+def config(shards, **overrides) -> DataConfig:
+    settings = dict(shards=shards, weights={"math": 0.6, "books": 0.3, "code": 0.1}, seq_len=128, seed=0)
+    return DataConfig(**{**settings, **overrides})
+
+
+def test_windows_of_two_lengths_cover_the_same_tokens(shards):
+    source = PackedSource("books", shards["books"], "train")
+    stream = np.asarray(source._tokens, dtype=np.int64)
+    covered = {}
+    for seq_len in (64, 100):
+        count = source.windows(seq_len) + 5  # one whole pass and into the next: the stream repeats
+        windows = [source.sequence(i, seq_len)[0] for i in range(count)]
+        for a, b in zip(windows, windows[1:]):
+            assert a[-1] == b[0]  # consecutive windows share one token: the last target is the next input
+        covered[seq_len] = np.concatenate([w[:-1] for w in windows])
+        assert np.array_equal(covered[seq_len], np.resize(stream, count * seq_len))
+    shortest = min(len(c) for c in covered.values())
+    assert shortest > source.tokens and np.array_equal(covered[64][:shortest], covered[100][:shortest])
+
+
+def test_document_ids_and_positions_follow_the_offsets_across_the_wrap(shards):
+    source = PackedSource("math", shards["math"], "train")
+    offsets = np.asarray(source._offsets)
+    seq_len = 256
+    last = source.windows(seq_len) - 1  # wraps from the end of the stream into its start
+    for i in (0, 7, last, last + 3):
+        tokens, doc_ids, positions = source.sequence(i, seq_len)
+        assert tokens.shape == doc_ids.shape == positions.shape == (seq_len + 1,)
+        absolute = i * seq_len + np.arange(seq_len + 1)
+        epoch, where = np.divmod(absolute, source.tokens)
+        doc = np.searchsorted(offsets, where, side="right") - 1
+        assert np.array_equal(doc_ids, epoch * source.documents + doc)
+        assert np.array_equal(positions, where - offsets[doc])
+        # A new document starts (position 0) exactly after an EOS.
+        starts = np.flatnonzero(positions[1:] == 0) + 1
+        assert np.array_equal(starts, np.flatnonzero(tokens[:-1] == EOS) + 1)
+        assert np.all(np.diff(doc_ids) >= 0)
+    _, doc_ids, _ = source.sequence(last, seq_len)
+    assert doc_ids[0] == source.documents - 1 and doc_ids[-1] >= source.documents  # past the wrap: new ids
+
+
+def test_realized_proportions_over_100000_samples_are_within_1_percent(shards):
+    data = MixtureDataset(config(shards))
+    chosen = np.array([data.locate(i)[0] for i in range(100_000)])
+    realized = np.bincount(chosen, minlength=3) / len(chosen)
+    for j, name in enumerate(data.names):
+        assert abs(realized[j] - data.config.weights[name]) < 0.01 * data.config.weights[name], (name, realized[j])
+    assert data.draws(100_000) == {name: int(np.sum(chosen == j)) for j, name in enumerate(data.names)}
+    # The blend index itself is Megatron's: every prefix stays within one sample of its target share.
+    source, _ = blend_index(np.array([0.6, 0.3, 0.1]), 1000)
+    counts = np.cumsum(np.eye(3)[source], axis=0)
+    assert np.all(np.abs(counts - np.outer(np.arange(1, 1001), [0.6, 0.3, 0.1])) <= 1.0)
+
+
+def assert_batches_equal(a: dict, b: dict):
+    assert a["indices"] == b["indices"] and a["sources"] == b["sources"]
+    for key in ("tokens", "doc_ids", "positions"):
+        assert a[key].dtype == np.int64 and np.array_equal(a[key], b[key])
+
+
+def test_the_same_samples_on_1_2_or_4_ranks(shards):
+    global_batch, steps = 8, 4
+    k = BLEND_BLOCK - 13  # across a blend-block boundary
+    single = MixtureDataset(config(shards))
+    expected = single.batch(list(range(k, k + global_batch * steps)))
+    for world_size in (1, 2, 4):
+        ranks = [MixtureDataset(config(shards)) for _ in range(world_size)]  # one dataset per process
+        rows = {key: [] for key in ("tokens", "doc_ids", "positions", "sources", "indices")}
+        for step in range(steps):
+            for rank, data in enumerate(ranks):
+                batch = data.batch(rank_indices(k + step * global_batch, global_batch, rank, world_size))
+                assert batch["tokens"].shape == (global_batch // world_size, 129)
+                for key in rows:
+                    rows[key].append(batch[key])
+        joined = {key: np.concatenate(rows[key]) for key in ("tokens", "doc_ids", "positions")}
+        joined["sources"] = [s for part in rows["sources"] for s in part]
+        joined["indices"] = [i for part in rows["indices"] for i in part]
+        assert_batches_equal(joined, expected)
+    with pytest.raises(ValueError, match="multiple of world_size"):
+        rank_indices(0, 6, 0, 4)
+
+
+def test_a_small_source_repeats_every_window_once_per_pass_and_counts_epochs(shards):
+    data = MixtureDataset(config(shards, weights={"math": 0.2, "books": 0.2, "code": 0.6}, seq_len=512))
+    j = data.names.index("math")
+    n = data.sources[j].windows(512)
+    draws = []
+    index = 0
+    while len(draws) < 2 * n:
+        source, window = data.locate(index)
+        if source == j:
+            draws.append(window)
+        index += 1
+    assert sorted(draws[:n]) == list(range(n)) and sorted(draws[n:]) == list(range(n, 2 * n))
+    assert draws[:n] != list(range(n))  # shuffled within the pass
+    epochs = data.epochs(index)
+    assert epochs["math"] == pytest.approx(2 * n * 512 / data.sources[j].tokens) and epochs["math"] >= 2
+    assert set(epochs) == {"math", "books", "code"} and all(e > 0 for e in epochs.values())
+    # The seed reorders windows, never the mixture.
+    other = MixtureDataset(config(shards, weights={"math": 0.2, "books": 0.2, "code": 0.6}, seq_len=512, seed=1))
+    assert [other.locate(i)[0] for i in range(500)] == [data.locate(i)[0] for i in range(500)]
+    assert [other.locate(i) for i in range(500)] != [data.locate(i) for i in range(500)]
+
+
+def test_val_split_reads_the_held_out_documents(shards):
+    data = MixtureDataset(config(shards, split="val"))
+    for source in data.sources:
+        manifest = json.loads((Path(source.folder) / "manifest.json").read_text())
+        assert source.tokens == manifest["packing"]["splits"]["val"]["tokens"] > 0
+    assert data.batch([0, 1, 2])["tokens"].shape == (3, 129)
+    assert data.vocab_size == 50258 and int(data.batch(list(range(50)))["tokens"].max()) < data.vocab_size
+
+
+def test_bad_input_is_refused_naming_the_source(shards, tmp_path):
+    with pytest.raises(ValueError, match="'books'.*weight"):
+        config(shards, weights={"math": 1.0, "books": -0.5, "code": 0.1})
+    with pytest.raises(ValueError, match="sum to zero"):
+        config(shards, weights={"math": 0.0, "books": 0.0, "code": 0.0})
+    with pytest.raises(ValueError, match="'wiki' has a weight but no shards"):
+        config(shards, weights={"math": 1.0, "books": 1.0, "code": 1.0, "wiki": 1.0})
+
+    # A source with no tokens: a split with no documents.
+    store = open_store(tmp_path / "store")
+    work = tmp_path / "empty-work"
+    stats = pack_documents([], adopt_tokenizer(DATA / "tokenizers" / "gpt2" / "tokenizer.json", TokenizerConfig()),
+                           eos_id=EOS, out_dir=work, config=PackingConfig())
+    commit_folder(store, "empty", work, {"packing": stats.manifest_section()})
+    with pytest.raises(ValueError, match="source 'empty'.*no tokens"):
+        MixtureDataset(config({**shards, "empty": str(tmp_path / "store" / "empty")},
+                              weights={"math": 1.0, "books": 1.0, "code": 1.0, "empty": 0.5}))
+
+    # A shard whose bytes no longer match its manifest.
+    import shutil
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(shards["code"], damaged)
+    tokens_file = damaged / "train.tokens.bin"
+    blob = bytearray(tokens_file.read_bytes())
+    blob[100] ^= 0xFF
+    tokens_file.write_bytes(bytes(blob))
+    with pytest.raises(ValueError, match="source 'code'.*sha256"):
+        MixtureDataset(config({**shards, "code": str(damaged)}))
+    MixtureDataset(config({**shards, "code": str(damaged)}, verify=False))  # opt-out reads it as it is
