@@ -1,0 +1,324 @@
+"""The trainer's configuration: one kw-only dataclass per component, composed by RunConfig.
+
+    cfg = load_run_config("run.json")   # ValueError naming the bad field: "run.json: model.n_heads: ..."
+
+`run.json` mirrors these dataclasses field by field; unknown keys are refused so a typo never
+silently falls back to a default. Sizes of the training run are in tokens (`train_tokens`,
+`warmup_tokens`, `ramp_tokens`) so a batch-size ramp never changes the token schedule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Llama-style decoder shape (RMSNorm pre-norm, SwiGLU, RoPE, GQA, no biases, untied head)."""
+
+    vocab_size: int = 50257
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # None = n_heads (plain multi-head attention)
+    d_ff: int | None = None  # None = 8/3 · d_model rounded up to a multiple of 64 (Llama's rule)
+    rope_base: float = 10000.0  # long-context stages raise it
+    qk_norm: bool = False
+    z_loss: float = 0.0  # coefficient of log²Z, the squared log of the softmax normalizer
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    attention: Literal["auto", "flex", "sdpa"] = "auto"  # auto: FlexAttention on CUDA, SDPA elsewhere
+    doc_positions: bool = True  # RoPE positions restart at each document of a packed sequence
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
+        if (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"model: head dim d_model/n_heads = {self.d_model // self.n_heads} must be even for RoPE")
+        if self.n_heads % self.kv_heads:
+            raise ValueError(f"model.n_heads ({self.n_heads}) must be divisible by model.n_kv_heads ({self.kv_heads})")
+        if self.z_loss < 0:
+            raise ValueError(f"model.z_loss must be >= 0, got {self.z_loss}")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def ff_dim(self) -> int:
+        return self.d_ff if self.d_ff is not None else -(-(8 * self.d_model // 3) // 64) * 64
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    """AdamW; weight decay on matrices only (norm gains never, embeddings only if asked)."""
+
+    lr: float = 3e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    decay_embeddings: bool = False
+    grad_clip: float = 1.0  # global grad-norm clip, applied by DeepSpeed
+
+    def __post_init__(self):
+        object.__setattr__(self, "betas", tuple(self.betas))
+        if self.lr <= 0:
+            raise ValueError(f"optim.lr must be > 0, got {self.lr}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"optim.betas must be two numbers in [0, 1), got {self.betas}")
+        if self.grad_clip < 0:
+            raise ValueError(f"optim.grad_clip must be >= 0 (0 = off), got {self.grad_clip}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleConfig:
+    """LR over tokens: linear warmup, then cosine to a floor, or warmup-stable-decay (WSD)."""
+
+    kind: Literal["cosine", "wsd", "constant"] = "cosine"
+    warmup_tokens: int = 0
+    min_lr_ratio: float = 0.1  # the floor, as a fraction of the peak LR
+    decay_fraction: float = 0.2  # wsd: the LR decays linearly over this last fraction of train_tokens
+
+    def __post_init__(self):
+        if self.warmup_tokens < 0:
+            raise ValueError(f"schedule.warmup_tokens must be >= 0, got {self.warmup_tokens}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"schedule.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if not 0 < self.decay_fraction <= 1:
+            raise ValueError(f"schedule.decay_fraction must be in (0, 1], got {self.decay_fraction}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchConfig:
+    """Batch in sequences of seq_len tokens; the ramp grows it in steps of ramp_start sequences."""
+
+    global_batch: int = 32  # sequences per optimizer step (all ranks, all micro-batches)
+    micro_batch: int = 8  # sequences per rank per forward/backward
+    seq_len: int = 256
+    # Ramp: start at ramp_start sequences and grow linearly (in multiples of ramp_start) to global_batch
+    # over the first ramp_tokens tokens. Multiples keep every step's batch independent of the world size.
+    ramp_start: int | None = None
+    ramp_tokens: int = 0
+
+    def __post_init__(self):
+        for name in ("global_batch", "micro_batch", "seq_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"batch.{name} must be >= 1, got {getattr(self, name)}")
+        if self.ramp_start is not None:
+            if self.ramp_start < 1 or self.global_batch % self.ramp_start:
+                raise ValueError(
+                    f"batch.ramp_start ({self.ramp_start}) must be >= 1 and divide "
+                    f"batch.global_batch ({self.global_batch})"
+                )
+            if self.ramp_tokens < 0:
+                raise ValueError(f"batch.ramp_tokens must be >= 0, got {self.ramp_tokens}")
+
+    def check_world(self, world_size: int) -> None:
+        """Every batch the run will use must split into whole micro-batches on every rank."""
+        unit = self.micro_batch * world_size
+        smallest = self.ramp_start if self.ramp_start is not None else self.global_batch
+        if smallest % unit:
+            name = "batch.ramp_start" if self.ramp_start is not None else "batch.global_batch"
+            raise ValueError(
+                f"{name} ({smallest}) must be a multiple of batch.micro_batch × world size "
+                f"({self.micro_batch} × {world_size} = {unit})"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeepSpeedConfig:
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    bf16: bool = True  # bf16 weights and activations, fp32 master weights in the optimizer
+
+
+@dataclass(frozen=True, kw_only=True)
+class GuardConfig:
+    """Spike guard: skip outlier steps, stop for a rollback after repeated strikes."""
+
+    enabled: bool = True
+    warmup_steps: int = 10  # applied steps before outliers are judged (running averages settle)
+    ema_beta: float = 0.9  # running averages of loss and grad norm over applied steps
+    loss_ratio: float = 1.5  # outlier: loss > loss_ratio × running loss
+    grad_norm_ratio: float = 5.0  # outlier: pre-clip grad norm > ratio × running grad norm
+    max_strikes: int = 3  # this many skipped steps within strike_window steps -> rollback request
+    strike_window: int = 50
+    max_skipped: int = 20  # more skipped steps than this in a run -> stop loudly
+
+    def __post_init__(self):
+        if not 0 <= self.ema_beta < 1:
+            raise ValueError(f"guard.ema_beta must be in [0, 1), got {self.ema_beta}")
+        for name in ("loss_ratio", "grad_norm_ratio"):
+            if getattr(self, name) <= 1:
+                raise ValueError(f"guard.{name} must be > 1, got {getattr(self, name)}")
+        for name in ("max_strikes", "strike_window"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"guard.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricsConfig:
+    log_interval: int = 10  # steps between progress lines / metric records
+    eval_interval: int = 0  # steps between per-domain validation losses (0 = only at the end)
+    eval_batches: int = 2  # global batches of held-out data per domain per evaluation
+    tensorboard: bool = True
+    peak_flops: float | None = None  # overrides the device table for MFU
+
+    def __post_init__(self):
+        if self.log_interval < 1:
+            raise ValueError(f"metrics.log_interval must be >= 1, got {self.log_interval}")
+        if self.eval_interval < 0 or self.eval_batches < 0:
+            raise ValueError("metrics.eval_interval and metrics.eval_batches must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSection:
+    """Where the tokens come from: packed shards (trainer.data) or, for demos and tests, one text file."""
+
+    shards: dict[str, str] = field(default_factory=dict)  # source name -> packed-shard folder
+    weights: dict[str, float] = field(default_factory=dict)  # source name -> mixture weight
+    text: str | None = None  # a plain text file, documents separated by blank lines
+    tokenizer: str | None = None  # tokenizer.json for `text`
+    val_fraction: float = 0.1  # `text`: the last documents held out for validation
+    top_tokens: int | None = None  # `text`: keep this many token ids (trainer.text_source); None = all
+
+    def __post_init__(self):
+        if self.text is None and not self.shards:
+            raise ValueError("data: give either data.shards (packed shards) or data.text (+ data.tokenizer)")
+        if self.text is not None and self.shards:
+            raise ValueError("data: give data.shards or data.text, not both")
+        if self.text is not None and self.tokenizer is None:
+            raise ValueError("data.tokenizer: a tokenizer.json is needed with data.text")
+        unknown = set(self.weights) - set(self.shards)
+        if unknown:
+            raise ValueError(f"data.weights: sources {sorted(unknown)} are not in data.shards")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """One training run (a stage: main, long-context, anneal) = these configs, nothing else."""
+
+    data: DataSection
+    train_tokens: int
+    output_dir: str
+    stage: str = "main"
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+    def __post_init__(self):
+        if self.train_tokens < 1:
+            raise ValueError(f"train_tokens must be >= 1, got {self.train_tokens}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def from_dict(cls, data, where: str = ""):
+    """Build dataclass `cls` from plain JSON data; errors name the field path (`model.n_heads`)."""
+    return _convert(cls, data, where)
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read the run config: {e}") from e
+    try:
+        return from_dict(RunConfig, data)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from e
+
+
+def _convert(tp, value, where: str):
+    origin = typing.get_origin(tp)
+    label = where or "the config"
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ValueError(f"{label}: expected an object, got {type(value).__name__}")
+        hints = typing.get_type_hints(tp)
+        fields = {f.name: f for f in dataclasses.fields(tp) if f.init}
+        unknown = sorted(set(value) - set(fields))
+        if unknown:
+            raise ValueError(f"{_join(where, unknown[0])}: unknown field (known: {', '.join(sorted(fields))})")
+        missing = [
+            n for n, f in fields.items()
+            if n not in value and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
+        if missing:
+            raise ValueError(f"{_join(where, missing[0])}: required field missing")
+        kwargs = {k: _convert(hints[k], v, _join(where, k)) for k, v in value.items()}
+        try:
+            return tp(**kwargs)
+        except ValueError as e:
+            # __post_init__ messages already name their field ("model.n_heads ...").
+            raise ValueError(str(e) if not where or str(e).startswith(where) else f"{where}: {e}") from e
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(arg, value, where)
+            except ValueError as e:
+                errors.append(str(e))
+        raise ValueError(errors[0] if len(errors) == 1 else f"{label}: {value!r} matches none of {tp}")
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices or isinstance(value, bool) != isinstance(choices[0], bool):
+            raise ValueError(f"{label}: must be one of {list(choices)}, got {value!r}")
+        return value
+    if origin is dict:
+        kt, vt = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise ValueError(f"{label}: expected an object, got {type(value).__name__}")
+        return {_convert(kt, k, f"{label}[{k!r}]"): _convert(vt, v, f"{where}.{k}") for k, v in value.items()}
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise ValueError(f"{label}: expected a list of {len(args)} items, got {value!r}")
+        return tuple(_convert(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{label}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)  # 1e6 in JSON is a float
+            raise ValueError(f"{label}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{label}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{label}: expected a string, got {value!r}")
+        return value
+    raise AssertionError(f"unsupported config type {tp} at {label}")
+
+
+def _join(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name

@@ -1,0 +1,140 @@
+"""Training metrics: a progress line with ETA on stdout, a JSONL file and TensorBoard event files.
+
+MFU = (6N + 12·L·T·d) · tokens/s ÷ peak FLOP/s, with N the parameters outside the input embedding
+(a lookup, not a matmul) and 12·L·T·d the attention scores and values (PaLM appendix B). The peak
+comes from a device table; on CPU it is a measured bf16 matmul rate, labelled as such.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from trainer.config import MetricsConfig, ModelConfig
+
+# Dense bf16 peak FLOP/s (no sparsity), matched against torch.cuda.get_device_name().
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
+
+
+def flops_per_token(n_params_no_embedding: int, cfg: ModelConfig, seq_len: int) -> float:
+    return 6 * n_params_no_embedding + 12 * cfg.n_layers * seq_len * cfg.d_model
+
+
+def measure_matmul_peak(device: torch.device, n: int = 1024, repeats: int = 8) -> float:
+    """Best bf16 matmul FLOP/s seen on `device`: the CPU's 'peak' (and a stand-in for unknown GPUs)."""
+    n = n if device.type == "cpu" else 8192
+    a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    a @ b  # warm-up
+    best = math.inf
+    for _ in range(repeats):
+        sync()
+        t = time.perf_counter()
+        a @ b
+        sync()
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best
+
+
+def device_peak(device: torch.device, override: float | None = None) -> tuple[float, str]:
+    """(peak FLOP/s, label) for MFU."""
+    if override:
+        return override, "configured peak"
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, peak in PEAK_BF16_FLOPS.items():
+            if key in name:
+                return peak, f"{key} bf16 peak"
+        return measure_matmul_peak(device), f"{name} measured bf16 matmul peak (not in the device table)"
+    return measure_matmul_peak(device), "CPU measured bf16 matmul peak"
+
+
+def _eta(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class Metrics:
+    """Writes on rank 0 only; every rank may call it."""
+
+    def __init__(self, cfg: MetricsConfig, output_dir: str | Path, *, rank: int, flops_per_token: float,
+                 peak: tuple[float, str], train_tokens: int):
+        self.cfg = cfg
+        self.active = rank == 0
+        self.flops_per_token = flops_per_token
+        self.peak, self.peak_label = peak
+        self.train_tokens = train_tokens
+        self.jsonl = None
+        self.tb = None
+        if self.active:
+            out = Path(output_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            self.jsonl = (out / "metrics.jsonl").open("a")
+            if cfg.tensorboard:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(out / "tensorboard"))
+        self._window_start = time.perf_counter()
+        self._window_tokens = 0
+        self._run_start = self._window_start
+
+    def count(self, tokens: int) -> None:
+        self._window_tokens += tokens
+
+    def log_step(self, *, step: int, tokens: int, loss: float, grad_norm: float, lr: float, batch: int,
+                 total_steps_hint: int | None = None) -> dict:
+        """Summarise the window since the last call (throughput is over the whole window)."""
+        now = time.perf_counter()
+        elapsed = max(now - self._window_start, 1e-9)
+        tps = self._window_tokens / elapsed
+        mfu = self.flops_per_token * tps / self.peak
+        self._window_start, self._window_tokens = now, 0
+        run_tps = tokens / max(now - self._run_start, 1e-9)
+        eta = (self.train_tokens - tokens) / run_tps if run_tps > 0 else 0.0
+        record = {"event": "train", "step": step, "tokens": tokens, "loss": loss, "grad_norm": grad_norm,
+                  "lr": lr, "batch": batch, "tokens_per_s": tps, "mfu": mfu, "peak": self.peak_label,
+                  "time": time.time()}
+        if self.active:
+            print(
+                f"step {step:>6} | tokens {tokens:>12,} ({100 * tokens / self.train_tokens:5.1f}%) | loss {loss:.4f} | "
+                f"gnorm {grad_norm:.3f} | lr {lr:.2e} | batch {batch} | {tps:,.0f} tok/s | "
+                f"MFU {100 * mfu:.2f}% ({self.peak_label}) | ETA {_eta(eta)}",
+                flush=True,
+            )
+            self._write(record)
+            for key in ("loss", "grad_norm", "lr", "tokens_per_s", "mfu", "batch"):
+                self._scalar(f"train/{key}", record[key], step)
+        return record
+
+    def log_eval(self, *, step: int, losses: dict[str, float]) -> None:
+        if not self.active:
+            return
+        print(f"step {step:>6} | validation " + " | ".join(f"{k} {v:.4f}" for k, v in losses.items()), flush=True)
+        self._write({"event": "eval", "step": step, "val_loss": losses, "time": time.time()})
+        for name, value in losses.items():
+            self._scalar(f"val/{name}", value, step)
+
+    def log_event(self, record: dict) -> None:
+        """Anything else worth keeping (a skipped step, the run's end)."""
+        if self.active:
+            print(" | ".join(f"{k} {v}" for k, v in record.items()), flush=True)
+            self._write(record)
+
+    def _write(self, record: dict) -> None:
+        self.jsonl.write(json.dumps(record) + "\n")
+        self.jsonl.flush()
+
+    def _scalar(self, tag: str, value: float, step: int) -> None:
+        if self.tb is not None and math.isfinite(value):
+            self.tb.add_scalar(tag, value, step)
+
+    def close(self) -> None:
+        if self.jsonl is not None:
+            self.jsonl.close()
+        if self.tb is not None:
+            self.tb.close()
