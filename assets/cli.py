@@ -4,9 +4,12 @@
     pretrain status      [--recipe R]
     pretrain where ASSET [--recipe R] [--source S]
     pretrain docs ASSET  [--recipe R] [--source S] [--limit N]
+    pretrain plan        [--recipe R] [--model JSON_OR_PATH] [--tokens N] [--device h100] [--mfu 0.4]
+                         [--tp 1] [--pp 1] [--dp 8] [--zero 3] [--micro-batches M]
 
 ASSET is an asset key path (`curation/web/raw_crawl`) or, with --source, the stage name (`raw_crawl`).
-SEL is a comma-separated list of asset key paths or fnmatch patterns (`curation/*/raw_crawl`).
+SEL is a comma-separated list of asset key paths or fnmatch patterns (`curation/*/raw_crawl`); a leading
+`+` adds everything the matched assets depend on (`+tokenization/math/packed`).
 Runs go to the persistent Dagster instance under PRETRAIN_HOME, so `make ui` shows them.
 Errors go to stderr with a non-zero exit status.
 """
@@ -52,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
         return cmd
 
     cmd = add("materialize", _materialize, "materialize assets into the store and the Dagster instance")
-    cmd.add_argument("--select", help="comma-separated asset keys or patterns (default: all)")
+    cmd.add_argument("--select", help="comma-separated asset keys or patterns, '+' prefix to add their upstream (default: all)")
     cmd.add_argument("--stale", action="store_true", help="only what is stale or missing, looping until nothing is")
 
     add("status", _status, "each asset: fresh, stale or missing, with the cause")
@@ -63,6 +66,17 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument("--source", help="source name, when ASSET is a stage name")
         if name == "docs":
             cmd.add_argument("--limit", type=int, default=None, help="stop after N documents")
+
+    cmd = add("plan", _plan, "parameters, FLOPs, GPU-hours and memory per GPU of each training stage")
+    cmd.add_argument("--model", help="model config as inline JSON, or a JSON file (a model config or a run.json)")
+    cmd.add_argument("--tokens", help="token budget, e.g. 2e12 or 2T (default: the run config's train_tokens)")
+    cmd.add_argument("--seq-len", type=int, help="sequence length (default: the run config's batch.seq_len)")
+    cmd.add_argument("--device", default="h100", help="h100, h200, a100 or a100-40gb (default h100)")
+    cmd.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilization (default 0.4)")
+    for flag, default in (("--tp", 1), ("--pp", 1), ("--dp", 8), ("--zero", 3), ("--micro-batches", 1)):
+        cmd.add_argument(flag, type=int, default=default, help=f"default {default}")
+    cmd.add_argument("--checkpoint-minutes", type=float, help="time to write one checkpoint (with --mtbf-hours)")
+    cmd.add_argument("--mtbf-hours", type=float, help="mean time between failures of the whole job")
     return parser
 
 
@@ -106,15 +120,22 @@ class Factory:
         return rows
 
     def select(self, selection: str | None) -> list:
+        """Keys for a --select: comma-separated keys or fnmatch patterns; `+PATTERN` adds everything upstream."""
         if not selection:
             return list(self.keys)
-        chosen = []
+        from dagster import AssetSelection
+
+        chosen: set = set()
         for pattern in (p.strip() for p in selection.split(",") if p.strip()):
+            with_upstream = pattern.startswith("+")
+            pattern = pattern.lstrip("+")
             matches = [k for k in self.keys if fnmatch.fnmatchcase(k.to_user_string(), pattern)]
             if not matches:
                 raise UsageError(f"--select {pattern!r} matches no asset; assets are: {', '.join(k.to_user_string() for k in self.keys)}")
-            chosen += [k for k in matches if k not in chosen]
-        return chosen
+            if with_upstream:
+                matches = AssetSelection.assets(*matches).upstream().resolve(self.defs.resolve_asset_graph())
+            chosen.update(matches)
+        return [k for k in self.keys if k in chosen]
 
     def materialize(self, keys: list) -> bool:
         job = self.defs.resolve_implicit_global_asset_job_def()
@@ -213,6 +234,45 @@ def _docs(args) -> int:
                 if remaining is not None:
                     remaining -= 1
     return 0
+
+
+def _plan(args) -> int:
+    # Pure arithmetic: no Dagster instance. A layout that will not fit warns but is no error (exit 0).
+    from trainer import planner
+
+    try:
+        if args.model:
+            name, shape, tokens = planner.load_stage(args.model, seq_len=args.seq_len)
+            if args.tokens is not None:
+                tokens = planner.parse_tokens(args.tokens)
+            if tokens is None:
+                raise UsageError("--tokens: required unless --model is a run config with train_tokens (e.g. --tokens 2e12)")
+            stages = [(name, shape, tokens)]
+        else:
+            recipe = load_recipe(args.recipe)
+            stages = _training_stages(recipe)
+            if not stages:
+                raise UsageError(f"recipe {recipe.name!r} has no training stages yet; give --model JSON_OR_PATH and --tokens N")
+        if (args.checkpoint_minutes is None) != (args.mtbf_hours is None):
+            raise UsageError("--checkpoint-minutes and --mtbf-hours go together (Young's interval needs both)")
+        layout = planner.Layout(tp=args.tp, pp=args.pp, dp=args.dp, zero=args.zero, micro_batches=args.micro_batches)
+        planner.report(
+            stages, layout=layout, device=args.device, mfu=args.mfu, out=sys.stdout, err=sys.stderr,
+            checkpoint_seconds=None if args.checkpoint_minutes is None else args.checkpoint_minutes * 60,
+            mtbf_seconds=None if args.mtbf_hours is None else args.mtbf_hours * 3600,
+        )
+    except (RecipeError, UsageError):
+        raise
+    except ValueError as exc:  # the planner's messages name the field
+        raise UsageError(str(exc)) from None
+    return 0
+
+
+def _training_stages(recipe) -> list[tuple]:
+    """[(stage name, ModelShape, tokens)] of the recipe's training stages, for `pretrain plan`.
+
+    Recipes have no training stages yet (a later issue adds them); until then plans come from --model."""
+    return []
 
 
 if __name__ == "__main__":

@@ -6,12 +6,11 @@ by reason (and listed in rejected.jsonl.gz beside the parts).
 """
 
 import shutil
-from datetime import datetime, timezone
 
 from dagster import AssetExecutionContext, AssetKey, DataVersion, Failure, MaterializeResult, MetadataValue, asset
 
 from assets.recipe import Recipe, SourceConfig
-from assets.versioning import code_version, file_fingerprints, section_sha256, version_key
+from assets.versioning import code_version, file_fingerprints, manifest_header, version_key
 from pipelines.ingest import BadInputError, ingest_source
 from resources.scratch import ScratchResource
 from resources.store import commit_folder, read_manifest
@@ -72,12 +71,7 @@ def raw_crawl_asset(recipe: Recipe, source: SourceConfig):
                 prefix,
                 work,
                 {
-                    "asset": "/".join(key.path),
-                    "version_key": vkey,
-                    "code_version": version,
-                    "recipe_section_sha256": section_sha256(section),
-                    "run_id": context.run.run_id,
-                    "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    **manifest_header(key.path, vkey, version, section, context.run.run_id),
                     "upstream": {},
                     "inputs": [str(path) for path in inputs],
                     "files": stats.files,

@@ -12,8 +12,13 @@ import os
 from dagster import Definitions
 
 from assets.curation import raw_crawl_asset
+from assets.decontaminated import decontaminated_asset, decontaminated_key
+from assets.deduplicated import deduplicated_asset
+from assets.filtered import curation_filter_assets, filtered_key
 from assets.home import pretrain_home, store_url
 from assets.recipe import Recipe, load_recipe
+from assets.tokenization import tokenization_assets
+from resources.executor import ExecutorResource
 from resources.scratch import ScratchResource
 from resources.store_resource import StoreResource
 
@@ -26,11 +31,18 @@ def build_resources() -> dict:
             region=os.environ.get("AWS_DEFAULT_REGION"),
         ),
         "scratch": ScratchResource(root=str(pretrain_home() / "work")),
+        # datatrove pipelines: local by default; PRETRAIN_EXECUTOR_WORKERS > 1 runs tasks in a process pool.
+        "executor": ExecutorResource(kind="local", workers=int(os.environ.get("PRETRAIN_EXECUTOR_WORKERS", "1"))),
     }
 
 
 def build_defs(recipe: Recipe) -> Definitions:
     assets = [raw_crawl_asset(recipe, source) for source in recipe.sources]
+    # The curation chain: raw_crawl -> filtered -> deduplicated (across sources) -> decontaminated -> packed.
+    assets += curation_filter_assets(recipe)
+    assets.append(deduplicated_asset(recipe, upstream_key=filtered_key))
+    assets += [decontaminated_asset(recipe, source) for source in recipe.sources]
+    assets += tokenization_assets(recipe, upstream_key=decontaminated_key)
     return Definitions(assets=assets, resources=build_resources())
 
 

@@ -19,7 +19,12 @@ import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from pipelines.decontam import DecontamConfig
+from pipelines.dedup import DedupConfig
+from pipelines.filter_config import FilterConfig
 from pipelines.ingest import ReaderConfig, expand_inputs
+from pipelines.quality_model import QualityClassifierConfig
+from pipelines.tokenize import PackingConfig, TokenizerConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEMO_RECIPE = REPO_ROOT / "recipes" / "demo.yaml"
@@ -43,6 +48,7 @@ class SourceConfig(BaseModel):
     format: Literal["warc", "wet", "jsonl", "parquet", "text"]
     inputs: list[str] = Field(min_length=1, description="Paths, globs or file:// URIs, relative to base_dir")
     reader: ReaderConfig = ReaderConfig()
+    filter: FilterConfig = FilterConfig()
 
     @field_validator("name")
     @classmethod
@@ -58,6 +64,11 @@ class SourceConfig(BaseModel):
             reader.pop(field, None)
         return {"name": self.name, "format": self.format, "inputs": list(self.inputs), "reader": reader}
 
+    def filtered_section(self) -> dict:
+        """The part of this source that decides the `filtered` output (not in raw_section: a filter change
+        makes only filtered and what is downstream of it stale)."""
+        return {"name": self.name, "filter": pydantic.TypeAdapter(FilterConfig).dump_python(self.filter, mode="json")}
+
 
 class Recipe(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -66,6 +77,11 @@ class Recipe(BaseModel):
     description: str = ""
     base_dir: str = Field(".", description="Where relative inputs are found, relative to the recipe file")
     sources: list[SourceConfig] = Field(min_length=1)
+    quality_classifier: QualityClassifierConfig | None = None
+    dedup: DedupConfig = DedupConfig()  # one global stage over all sources
+    decontamination: DecontamConfig = DecontamConfig()  # benchmark paths relative to base_dir
+    tokenizer: TokenizerConfig = TokenizerConfig()  # train a BPE, or adopt `path` (relative to base_dir)
+    packing: PackingConfig = PackingConfig()
 
     # Set by load_recipe, not by the YAML: where the recipe came from, to resolve relative inputs.
     path: Path | None = Field(None, exclude=True)

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import hashlib
+from datetime import datetime, timezone
 import json
 from pathlib import Path
 
@@ -32,3 +33,15 @@ def file_fingerprints(paths: list[Path]) -> list[str]:
 def version_key(code_version: str, *, upstream: dict[str, str] | None = None, inputs: list[str] | None = None) -> str:
     material = {"code_version": code_version, "upstream": upstream or {}, "inputs": inputs or []}
     return section_sha256(material)[:16]
+
+
+def manifest_header(key_path: list[str], version_key: str, code_version: str, section, run_id: str) -> dict:
+    """The fields every output manifest starts with (DESIGN.md "Contracts in detail")."""
+    return {
+        "asset": "/".join(key_path),
+        "version_key": version_key,
+        "code_version": code_version,
+        "recipe_section_sha256": section_sha256(section),
+        "run_id": run_id,
+        "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }

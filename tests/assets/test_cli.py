@@ -147,6 +147,6 @@ def test_a_source_past_its_bad_fraction_fails_and_commits_nothing(tmp_path, monk
     assert main(["materialize"]) == 1
     captured = capsys.readouterr()
     assert "shaky" in captured.err and "bad_json" in captured.err
-    assert status_rows(capsys) == {"curation/shaky/raw_crawl": ("missing", "never materialized")}
+    assert status_rows(capsys)["curation/shaky/raw_crawl"] == ("missing", "never materialized")
     store_root = tmp_path / "pretrain-home" / "store"
     assert not list(store_root.rglob("manifest.json"))
