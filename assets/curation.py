@@ -10,6 +10,7 @@ import shutil
 from dagster import AssetExecutionContext, AssetKey, DataVersion, Failure, MaterializeResult, MetadataValue, asset
 
 from assets.recipe import Recipe, SourceConfig
+from assets.upstream import output_location
 from assets.versioning import code_version, file_fingerprints, manifest_header, version_key
 from pipelines.ingest import BadInputError, ingest_source
 from resources.scratch import ScratchResource
@@ -90,8 +91,7 @@ def raw_crawl_asset(recipe: Recipe, source: SourceConfig):
         return MaterializeResult(
             data_version=DataVersion(manifest["data_version"]),
             metadata={
-                "uri": MetadataValue.path(object_store.uri(prefix)),
-                "prefix": prefix,
+                **output_location(object_store, prefix),
                 "documents": counts["kept"],
                 "records": counts["records"],
                 "skipped": MetadataValue.json(counts["skipped"]),

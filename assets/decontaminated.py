@@ -16,7 +16,7 @@ from dagster import AssetExecutionContext, AssetKey, DataVersion, Failure, Mater
 
 from assets.deduplicated import deduplicated_key
 from assets.recipe import Recipe, SourceConfig
-from assets.upstream import OutputNotFound, latest_output
+from assets.upstream import OutputNotFound, latest_output, output_location
 from assets.versioning import code_version, file_fingerprints, manifest_header, section_sha256, version_key
 from pipelines.decontam import BenchmarkIndex, DecontamConfig, decontaminate
 from pipelines.ingest import expand_inputs
@@ -112,8 +112,7 @@ def decontaminated_asset(recipe: Recipe, source: SourceConfig, upstream_key: Ass
         return MaterializeResult(
             data_version=DataVersion(manifest["data_version"]),
             metadata={
-                "uri": MetadataValue.path(object_store.uri(prefix)),
-                "prefix": prefix,
+                **output_location(object_store, prefix),
                 "documents": counts["kept"],
                 "documents_in": counts["in"],
                 "dropped": sum(counts["dropped"].values()),

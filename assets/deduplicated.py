@@ -15,7 +15,7 @@ from typing import Callable
 from dagster import AssetExecutionContext, AssetKey, DataVersion, Failure, MaterializeResult, MetadataValue, asset
 
 from assets.recipe import Recipe
-from assets.upstream import OutputNotFound, latest_output
+from assets.upstream import OutputNotFound, latest_output, output_location
 from assets.versioning import code_version, manifest_header, version_key
 from pipelines.dedup import deduplicate
 from resources.scratch import ScratchResource
@@ -106,8 +106,7 @@ def deduplicated_asset(recipe: Recipe, upstream_key: Callable[[str], AssetKey]):
         return MaterializeResult(
             data_version=DataVersion(manifest["data_version"]),
             metadata={
-                "uri": MetadataValue.path(object_store.uri(prefix)),
-                "prefix": prefix,
+                **output_location(object_store, prefix),
                 "documents": counts["kept"],
                 "documents_in": counts["in"],
                 "removed": sum(counts["dropped"].values()),

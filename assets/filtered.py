@@ -32,7 +32,7 @@ from dagster import (
 
 from assets.curation import raw_crawl_key
 from assets.recipe import DEMO_RECIPE, Recipe, SourceConfig
-from assets.upstream import latest_output
+from assets.upstream import latest_output, output_location
 from assets.versioning import code_version, manifest_header, version_key
 from pipelines.filters import FilterConfig, filter_counts, filter_pipeline, find_pii
 from pipelines.ingest import iter_documents
@@ -158,8 +158,7 @@ def filtered_asset(recipe: Recipe, source: SourceConfig):
             check_results=[check],
             data_version=DataVersion(manifest["data_version"]),
             metadata={
-                "uri": MetadataValue.path(object_store.uri(prefix)),
-                "prefix": prefix,
+                **output_location(object_store, prefix),
                 "documents_in": counts["in"],
                 "documents": counts["kept"],
                 "dropped": sum(counts["dropped"].values()),
@@ -240,8 +239,7 @@ def quality_classifier_asset(recipe: Recipe, config: QualityClassifierConfig):
         return MaterializeResult(
             data_version=DataVersion(manifest["data_version"]),
             metadata={
-                "uri": MetadataValue.path(object_store.uri(prefix)),
-                "prefix": prefix,
+                **output_location(object_store, prefix),
                 "accuracy": manifest["accuracy"],
                 "labelled_documents": manifest["counts"]["labelled"],
                 # Chance for this label mix: always answering the majority label.

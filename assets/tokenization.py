@@ -17,11 +17,11 @@ import shutil
 from pathlib import Path
 from typing import Callable, Iterator
 
-from dagster import AssetExecutionContext, AssetKey, DataVersion, Failure, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, AssetKey, DataVersion, Failure, MaterializeResult, asset
 from tokenizers import Tokenizer
 
 from assets.recipe import Recipe
-from assets.upstream import OutputNotFound, latest_output
+from assets.upstream import OutputNotFound, latest_output, output_location
 from assets.versioning import code_version, file_fingerprints, manifest_header, version_key
 from pipelines.ingest import iter_documents
 from pipelines.tokenize import (
@@ -166,8 +166,7 @@ def tokenizer_asset(recipe: Recipe, upstream_key: Callable[[str], AssetKey]):
         return MaterializeResult(
             data_version=DataVersion(manifest["data_version"]),
             metadata={
-                "uri": MetadataValue.path(object_store.uri(prefix)),
-                "prefix": prefix,
+                **output_location(object_store, prefix),
                 "tokenizer_sha256": info["sha256"],
                 "vocab_size": info["vocab_size"],
                 "eos_id": info["eos_id"],
@@ -242,8 +241,7 @@ def packed_asset(recipe: Recipe, source_name: str, upstream_key: Callable[[str],
         return MaterializeResult(
             data_version=DataVersion(manifest["data_version"]),
             metadata={
-                "uri": MetadataValue.path(object_store.uri(prefix)),
-                "prefix": prefix,
+                **output_location(object_store, prefix),
                 "tokens_train": counts["train"]["tokens"],
                 "tokens_val": counts["val"]["tokens"],
                 "documents_train": counts["train"]["documents"],

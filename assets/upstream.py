@@ -8,7 +8,7 @@ upstream's latest materialization, so its version key can include the upstream's
 from dataclasses import dataclass
 from pathlib import Path
 
-from dagster import AssetKey, DagsterInstance
+from dagster import AssetKey, DagsterInstance, MetadataValue
 
 from resources.store import ObjectStore, read_manifest
 
@@ -39,6 +39,11 @@ class Output:
             store.download(key, path)
             paths.append(path)
         return paths
+
+
+def output_location(store: ObjectStore, prefix: str) -> dict:
+    """Materialization metadata naming where an output lives; `latest_output` reads "prefix" back."""
+    return {"uri": MetadataValue.path(store.uri(prefix)), "prefix": prefix}
 
 
 def latest_output(instance: DagsterInstance, store: ObjectStore, key: AssetKey) -> Output:
