@@ -7,10 +7,10 @@ by reason (and listed in rejected.jsonl.gz beside the parts).
 
 import shutil
 
-from dagster import AssetExecutionContext, AssetKey, DataVersion, Failure, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, AssetKey, Failure, MaterializeResult, MetadataValue, asset
 
 from assets.recipe import Recipe, SourceConfig
-from assets.upstream import output_location
+from assets.upstream import committed_result
 from assets.versioning import code_version, file_fingerprints, manifest_header, version_key
 from pipelines.ingest import BadInputError, ingest_source
 from resources.scratch import ScratchResource
@@ -88,10 +88,11 @@ def raw_crawl_asset(recipe: Recipe, source: SourceConfig):
             shutil.rmtree(work, ignore_errors=True)
 
         counts = manifest["counts"]
-        return MaterializeResult(
-            data_version=DataVersion(manifest["data_version"]),
+        return committed_result(
+            object_store,
+            prefix,
+            manifest,
             metadata={
-                **output_location(object_store, prefix),
                 "documents": counts["kept"],
                 "records": counts["records"],
                 "skipped": MetadataValue.json(counts["skipped"]),

@@ -12,11 +12,11 @@ import os
 import shutil
 from pathlib import Path
 
-from dagster import AssetExecutionContext, AssetKey, DataVersion, Failure, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, AssetKey, Failure, MaterializeResult, MetadataValue, asset
 
 from assets.deduplicated import deduplicated_key
 from assets.recipe import Recipe, SourceConfig
-from assets.upstream import OutputNotFound, latest_output, output_location
+from assets.upstream import OutputNotFound, committed_result, latest_output
 from assets.versioning import code_version, file_fingerprints, manifest_header, section_sha256, version_key
 from pipelines.decontam import BenchmarkIndex, DecontamConfig, decontaminate
 from pipelines.ingest import expand_inputs
@@ -109,10 +109,11 @@ def decontaminated_asset(recipe: Recipe, source: SourceConfig, upstream_key: Ass
             shutil.rmtree(work, ignore_errors=True)
 
         counts = manifest["counts"]
-        return MaterializeResult(
-            data_version=DataVersion(manifest["data_version"]),
+        return committed_result(
+            object_store,
+            prefix,
+            manifest,
             metadata={
-                **output_location(object_store, prefix),
                 "documents": counts["kept"],
                 "documents_in": counts["in"],
                 "dropped": sum(counts["dropped"].values()),

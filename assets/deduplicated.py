@@ -12,10 +12,10 @@ import dataclasses
 import shutil
 from typing import Callable
 
-from dagster import AssetExecutionContext, AssetKey, DataVersion, Failure, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, AssetKey, Failure, MaterializeResult, MetadataValue, asset
 
 from assets.recipe import Recipe
-from assets.upstream import OutputNotFound, latest_output, output_location
+from assets.upstream import OutputNotFound, committed_result, latest_output
 from assets.versioning import code_version, manifest_header, version_key
 from pipelines.dedup import deduplicate
 from resources.scratch import ScratchResource
@@ -103,10 +103,11 @@ def deduplicated_asset(recipe: Recipe, upstream_key: Callable[[str], AssetKey]):
             shutil.rmtree(work, ignore_errors=True)
 
         counts = manifest["counts"]
-        return MaterializeResult(
-            data_version=DataVersion(manifest["data_version"]),
+        return committed_result(
+            object_store,
+            prefix,
+            manifest,
             metadata={
-                **output_location(object_store, prefix),
                 "documents": counts["kept"],
                 "documents_in": counts["in"],
                 "removed": sum(counts["dropped"].values()),

@@ -24,7 +24,6 @@ from dagster import (
     AssetCheckSpec,
     AssetExecutionContext,
     AssetKey,
-    DataVersion,
     MaterializeResult,
     MetadataValue,
     asset,
@@ -32,7 +31,7 @@ from dagster import (
 
 from assets.curation import raw_crawl_key
 from assets.recipe import DEMO_RECIPE, Recipe, SourceConfig
-from assets.upstream import latest_output, output_location
+from assets.upstream import committed_result, latest_output
 from assets.versioning import code_version, manifest_header, version_key
 from pipelines.filters import FilterConfig, filter_counts, filter_pipeline, find_pii
 from pipelines.ingest import iter_documents
@@ -154,11 +153,12 @@ def filtered_asset(recipe: Recipe, source: SourceConfig):
         shutil.rmtree(work, ignore_errors=True)
 
         counts = manifest["counts"]
-        return MaterializeResult(
+        return committed_result(
+            object_store,
+            prefix,
+            manifest,
             check_results=[check],
-            data_version=DataVersion(manifest["data_version"]),
             metadata={
-                **output_location(object_store, prefix),
                 "documents_in": counts["in"],
                 "documents": counts["kept"],
                 "dropped": sum(counts["dropped"].values()),
@@ -236,10 +236,11 @@ def quality_classifier_asset(recipe: Recipe, config: QualityClassifierConfig):
             shutil.rmtree(work, ignore_errors=True)
 
         balance = manifest["label_balance"]
-        return MaterializeResult(
-            data_version=DataVersion(manifest["data_version"]),
+        return committed_result(
+            object_store,
+            prefix,
+            manifest,
             metadata={
-                **output_location(object_store, prefix),
                 "accuracy": manifest["accuracy"],
                 "labelled_documents": manifest["counts"]["labelled"],
                 # Chance for this label mix: always answering the majority label.

@@ -17,11 +17,11 @@ import shutil
 from pathlib import Path
 from typing import Callable, Iterator
 
-from dagster import AssetExecutionContext, AssetKey, DataVersion, Failure, MaterializeResult, asset
+from dagster import AssetExecutionContext, AssetKey, Failure, MaterializeResult, asset
 from tokenizers import Tokenizer
 
 from assets.recipe import Recipe
-from assets.upstream import OutputNotFound, latest_output, output_location
+from assets.upstream import OutputNotFound, committed_result, latest_output
 from assets.versioning import code_version, file_fingerprints, manifest_header, version_key
 from pipelines.ingest import iter_documents
 from pipelines.tokenize import (
@@ -163,10 +163,11 @@ def tokenizer_asset(recipe: Recipe, upstream_key: Callable[[str], AssetKey]):
             shutil.rmtree(work, ignore_errors=True)
 
         info = manifest["tokenizer"]
-        return MaterializeResult(
-            data_version=DataVersion(manifest["data_version"]),
+        return committed_result(
+            object_store,
+            prefix,
+            manifest,
             metadata={
-                **output_location(object_store, prefix),
                 "tokenizer_sha256": info["sha256"],
                 "vocab_size": info["vocab_size"],
                 "eos_id": info["eos_id"],
@@ -238,10 +239,11 @@ def packed_asset(recipe: Recipe, source_name: str, upstream_key: Callable[[str],
             shutil.rmtree(work, ignore_errors=True)
 
         counts = manifest["counts"]
-        return MaterializeResult(
-            data_version=DataVersion(manifest["data_version"]),
+        return committed_result(
+            object_store,
+            prefix,
+            manifest,
             metadata={
-                **output_location(object_store, prefix),
                 "tokens_train": counts["train"]["tokens"],
                 "tokens_val": counts["val"]["tokens"],
                 "documents_train": counts["train"]["documents"],

@@ -8,7 +8,7 @@ upstream's latest materialization, so its version key can include the upstream's
 from dataclasses import dataclass
 from pathlib import Path
 
-from dagster import AssetKey, DagsterInstance, MetadataValue
+from dagster import AssetKey, DagsterInstance, DataVersion, MaterializeResult, MetadataValue
 
 from resources.store import ObjectStore, read_manifest
 
@@ -44,6 +44,15 @@ class Output:
 def output_location(store: ObjectStore, prefix: str) -> dict:
     """Materialization metadata naming where an output lives; `latest_output` reads "prefix" back."""
     return {"uri": MetadataValue.path(store.uri(prefix)), "prefix": prefix}
+
+
+def committed_result(store: ObjectStore, prefix: str, manifest: dict, *, metadata: dict, **result) -> MaterializeResult:
+    """An asset's result for a committed output: DataVersion = the manifest's digest, plus its location."""
+    return MaterializeResult(
+        data_version=DataVersion(manifest["data_version"]),
+        metadata={**output_location(store, prefix), **metadata},
+        **result,
+    )
 
 
 def latest_output(instance: DagsterInstance, store: ObjectStore, key: AssetKey) -> Output:
