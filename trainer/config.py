@@ -184,6 +184,35 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    """When and where checkpoints go: local disk first (committed atomically), then the object store
+    in a background thread. Layout: <local_dir>/step-<N>/ and <remote>/checkpoints/<stage>/<run_name>/step-<N>/."""
+
+    interval_steps: int = 0  # save every N optimizer steps; 0 = no fixed interval
+    mtbf_hours: float | None = None  # automatic interval by Young's rule sqrt(2 · save time · MTBF)
+    local_dir: str | None = None  # None = <output_dir>/checkpoints
+    remote: str | None = None  # object-store URL (path, file://, s3://bucket/prefix); None = local only
+    run_name: str = "run"
+    keep_last: int = 3  # the newest k committed checkpoints are kept, locally and remotely
+    keep_every: int = 0  # and every step that is a multiple of this, permanently (0 = none)
+    save_final: bool = True  # a checkpoint at the end of the run
+    resume: bool = True  # start from the newest committed checkpoint (local, else remote) when there is one
+    allow_batch_change: bool = False  # resuming with a different global batch is refused unless this is set
+    upload_retry_max_s: float = 30.0  # the background upload retries with backoff up to this pause, forever
+
+    def __post_init__(self):
+        for name in ("interval_steps", "keep_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"checkpoint.{name} must be >= 0, got {getattr(self, name)}")
+        if self.keep_last < 1:
+            raise ValueError(f"checkpoint.keep_last must be >= 1, got {self.keep_last}")
+        if self.mtbf_hours is not None and self.mtbf_hours <= 0:
+            raise ValueError(f"checkpoint.mtbf_hours must be > 0, got {self.mtbf_hours}")
+        if not self.run_name or "/" in self.run_name:
+            raise ValueError(f"checkpoint.run_name must be a non-empty name without '/', got {self.run_name!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class DataSection:
     """Where the tokens come from: packed shards (trainer.data) or, for demos and tests, one text file."""
 
@@ -222,6 +251,11 @@ class RunConfig:
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    tokenizer_sha256: str | None = None  # recorded in every checkpoint manifest
+    # Data and code versions of everything upstream, passed in by the Dagster layer; recorded in every
+    # checkpoint manifest: [{asset, data_version, code_version, run_id}, ...] from this stage back to raw.
+    lineage: list[dict] = field(default_factory=list)
 
     def __post_init__(self):
         if self.train_tokens < 1:
@@ -294,6 +328,15 @@ def _convert(tp, value, where: str):
         if not isinstance(value, dict):
             raise ValueError(f"{label}: expected an object, got {type(value).__name__}")
         return {_convert(kt, k, f"{label}[{k!r}]"): _convert(vt, v, f"{where}.{k}") for k, v in value.items()}
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ValueError(f"{label}: expected a list, got {type(value).__name__}")
+        return [_convert(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if tp is dict:  # free-form JSON object (a lineage record)
+        if not isinstance(value, dict):
+            raise ValueError(f"{label}: expected an object, got {type(value).__name__}")
+        return value
     if origin is tuple:
         args = typing.get_args(tp)
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
