@@ -44,7 +44,10 @@ ui: $(STAMP)
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 bench: $(STAMP)
-	for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+	for script in bench/*.py; do \
+	  case $$script in bench/gpu_*) $(BIN)/python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" \
+	    || { echo "== $$script: skipped (no CUDA device)"; continue; };; esac; \
+	  echo "== $$script"; $(BIN)/python $$script || exit 1; done
 
 clean:
 	rm -rf $(PRETRAIN_HOME)

@@ -100,7 +100,9 @@ class Trainer:
         return self._pending["verdict"].apply
 
     def _to_device(self, batch: dict) -> tuple[torch.Tensor, ...]:
-        t = {k: batch[k].to(self.dist.device, non_blocking=True) for k in ("tokens", "doc_ids", "positions")}
+        # Sources give numpy arrays (MixtureDataset) or tensors (TextSource).
+        t = {k: torch.as_tensor(batch[k]).to(self.dist.device, non_blocking=True)
+             for k in ("tokens", "doc_ids", "positions")}
         # Inputs are the first T tokens, targets the last T; mask and positions follow the inputs.
         return t["tokens"][:, :-1], t["tokens"][:, 1:], t["doc_ids"][:, :-1], t["positions"][:, :-1]
 
