@@ -1,0 +1,41 @@
+"""Export to the Hugging Face Llama format: transformers' LlamaForCausalLM gives the trainer's logits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.conftest import SHARED_DATA
+from trainer.config import ModelConfig
+from trainer.export import ExportError, export_hf_llama
+from trainer.model import CausalLM
+
+CFG = ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, rope_base=50000.0)
+
+
+def test_llama_for_causal_lm_reproduces_the_trainers_logits(tmp_path):
+    import transformers
+    torch.manual_seed(0)
+    model = CausalLM(CFG).eval()
+    for p in model.parameters():  # norm gains away from 1 so a swapped norm would show
+        if p.ndim == 1:
+            torch.nn.init.uniform_(p, 0.5, 1.5)
+    out = export_hf_llama(model.state_dict(), CFG, tmp_path / "hf", seq_len=256, eos_id=0,
+                          tokenizer=SHARED_DATA / "tokenizers" / "gpt2" / "tokenizer.json")
+    assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors", "tokenizer.json"}
+    hf = transformers.LlamaForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
+    assert hf.config.rope_parameters["rope_theta"] == 50000.0 and hf.config.num_key_value_heads == 2
+    tokens = torch.randint(0, CFG.vocab_size, (2, 96))
+    with torch.no_grad():
+        ours = model.transformer(tokens)
+        theirs = hf(tokens).logits
+    torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
+    assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is False
+
+
+def test_a_model_llama_cannot_express_is_refused():
+    cfg = ModelConfig(**{**CFG.__dict__, "qk_norm": True})
+    with pytest.raises(ExportError, match="qk_norm"):
+        export_hf_llama(CausalLM(cfg).state_dict(), cfg, "/nonexistent")
