@@ -1,0 +1,136 @@
+"""Data-mixture search in the RegMix style: sample candidate mixtures, fit loss ~ weights, pick the best.
+
+    cfg = MixingConfig(prior={"web": 0.6, "code": 0.2, "books": 0.2}, candidates=16)
+    mixtures = candidate_mixtures(cfg)                 # one proxy run per mixture (a Dagster partition)
+    fit = fit_mixture_regression(mixtures, losses)     # losses[i]: the target loss of mixtures[i]
+    best = best_mixture(fit, cfg)                      # argmin of the fitted loss over many mixtures
+
+Candidates are drawn from a Dirichlet centred on the prior (concentration × prior), seeded, so a
+sweep is reproducible and its partitions keep their names when re-run. The regression is ridge
+regression on the weights and their pairwise products (RegMix finds mixture effects smooth enough
+for a low-order model); the best mixture is searched among many fresh Dirichlet samples, so it stays
+where the proxy runs gave evidence rather than at a corner the regression extrapolates to.
+Pure numpy: no torch, no Dagster.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixingConfig:
+    prior: dict[str, float]  # source -> prior weight (normalised here)
+    candidates: int = 16  # proxy runs in a sweep
+    concentration: float = 10.0  # Dirichlet α = concentration × prior: higher = closer to the prior
+    seed: int = 0
+    search_samples: int = 100_000  # mixtures scored by the fitted regression when picking the best
+    ridge: float = 1e-3
+    min_weight: float = 0.0  # a source below this weight in the best mixture is set to it (then renormalised)
+
+    def __post_init__(self):
+        if not self.prior:
+            raise ValueError("mixing.prior: give at least one source and its weight")
+        bad = {k: v for k, v in self.prior.items() if not np.isfinite(v) or v < 0}
+        if bad or sum(self.prior.values()) <= 0:
+            raise ValueError(f"mixing.prior: weights must be finite, >= 0 and not all zero, got {self.prior}")
+        if self.candidates < 2:
+            raise ValueError(f"mixing.candidates must be >= 2, got {self.candidates}")
+        if self.concentration <= 0:
+            raise ValueError(f"mixing.concentration must be > 0, got {self.concentration}")
+        if not 0 <= self.min_weight < 1 / len(self.prior):
+            raise ValueError(f"mixing.min_weight must be in [0, 1/{len(self.prior)}), got {self.min_weight}")
+
+    @property
+    def sources(self) -> list[str]:
+        return sorted(self.prior)
+
+    def prior_vector(self) -> np.ndarray:
+        w = np.array([self.prior[s] for s in self.sources], dtype=np.float64)
+        return w / w.sum()
+
+
+def _dirichlet(cfg: MixingConfig, n: int, stream: int) -> np.ndarray:
+    # A zero prior weight would give a degenerate Dirichlet: such a source is simply never mixed in.
+    alpha = cfg.concentration * cfg.prior_vector()
+    live = alpha > 0
+    out = np.zeros((n, len(alpha)))
+    out[:, live] = np.random.default_rng([cfg.seed, stream]).dirichlet(alpha[live], size=n)
+    return out
+
+
+def mixture_name(weights: dict[str, float]) -> str:
+    """A stable short name for a mixture (a partition key): the digest of its rounded weights."""
+    text = json.dumps({k: round(v, 6) for k, v in sorted(weights.items())})
+    return "mix-" + hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def candidate_mixtures(cfg: MixingConfig) -> list[dict[str, float]]:
+    """The sweep: the prior itself first (a baseline the fit must beat), then Dirichlet draws."""
+    rows = np.vstack([cfg.prior_vector()[None], _dirichlet(cfg, cfg.candidates - 1, stream=0)])
+    return [{s: float(w) for s, w in zip(cfg.sources, row)} for row in rows]
+
+
+def _features(w: np.ndarray) -> np.ndarray:
+    n, k = w.shape
+    pairs = [w[:, i] * w[:, j] for i in range(k) for j in range(i, k)]
+    return np.column_stack([np.ones(n), w, *pairs])
+
+
+@dataclass(frozen=True)
+class MixtureFit:
+    sources: list[str]
+    coef: np.ndarray
+    r2: float  # on the training points
+    loo_rmse: float  # leave-one-out error: how far to trust the fit
+    observed: list[tuple[dict[str, float], float]] = field(default_factory=list)
+
+    def predict(self, weights: np.ndarray) -> np.ndarray:
+        return _features(np.atleast_2d(weights)) @ self.coef
+
+
+def _ridge(x: np.ndarray, y: np.ndarray, ridge: float) -> np.ndarray:
+    penalty = ridge * np.eye(x.shape[1])
+    penalty[0, 0] = 0.0  # never shrink the intercept
+    return np.linalg.solve(x.T @ x + penalty, x.T @ y)
+
+
+def fit_mixture_regression(mixtures: list[dict[str, float]], losses: list[float], *,
+                           ridge: float = 1e-3) -> MixtureFit:
+    if len(mixtures) != len(losses) or len(mixtures) < 2:
+        raise ValueError(f"need one loss per mixture and at least 2 of them, got {len(mixtures)} and {len(losses)}")
+    sources = sorted(mixtures[0])
+    for i, m in enumerate(mixtures):
+        if sorted(m) != sources:
+            raise ValueError(f"mixture {i} has sources {sorted(m)}, expected {sources}")
+    y = np.asarray(losses, dtype=np.float64)
+    if not np.all(np.isfinite(y)):
+        bad = [mixture_name(m) for m, v in zip(mixtures, y) if not np.isfinite(v)]
+        raise ValueError(f"non-finite target loss for {bad}: a proxy run diverged; rerun or drop it")
+    w = np.array([[m[s] for s in sources] for m in mixtures])
+    x = _features(w)
+    coef = _ridge(x, y, ridge)
+    residual = y - x @ coef
+    r2 = 1.0 - float(residual @ residual) / max(float(((y - y.mean()) ** 2).sum()), 1e-300)
+    loo = [y[i] - x[i] @ _ridge(np.delete(x, i, 0), np.delete(y, i), ridge) for i in range(len(y))]
+    return MixtureFit(sources=sources, coef=coef, r2=r2, loo_rmse=float(np.sqrt(np.mean(np.square(loo)))),
+                      observed=list(zip(mixtures, [float(v) for v in y])))
+
+
+def best_mixture(fit: MixtureFit, cfg: MixingConfig) -> tuple[dict[str, float], float]:
+    """(weights, predicted loss) minimising the fitted loss over fresh samples around the prior."""
+    if fit.sources != cfg.sources:
+        raise ValueError(f"the fit is over sources {fit.sources}, the config over {cfg.sources}")
+    pool = np.vstack([cfg.prior_vector()[None], np.array([[m[s] for s in fit.sources] for m, _ in fit.observed]),
+                      _dirichlet(cfg, cfg.search_samples, stream=1)])
+    if cfg.min_weight > 0:
+        live = cfg.prior_vector() > 0
+        pool[:, live] = np.maximum(pool[:, live], cfg.min_weight)
+        pool /= pool.sum(axis=1, keepdims=True)
+    predicted = fit.predict(pool)
+    i = int(np.argmin(predicted))
+    return {s: float(w) for s, w in zip(fit.sources, pool[i])}, float(predicted[i])
