@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from trainer.config import MetricsConfig, ModelConfig
+from trainer.pipes_report import PipesReporter
 
 # Dense bf16 peak FLOP/s (no sparsity), matched against torch.cuda.get_device_name().
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
@@ -82,6 +83,8 @@ class Metrics:
         self._window_start = time.perf_counter()
         self._window_tokens = 0
         self._run_start = self._window_start
+        # Under Dagster Pipes (the launcher resource), records and progress lines also go to the asset.
+        self.pipes = PipesReporter.open(rank)
 
     def count(self, tokens: int) -> None:
         self._window_tokens += tokens
@@ -107,6 +110,7 @@ class Metrics:
                 flush=True,
             )
             self._write(record)
+            self._log(f"step {step} | loss {loss:.4f} | lr {lr:.2e} | {tps:,.0f} tok/s | MFU {100 * mfu:.2f}%")
             for key in ("loss", "grad_norm", "lr", "tokens_per_s", "mfu", "batch"):
                 self._scalar(f"train/{key}", record[key], step)
         return record
@@ -116,24 +120,36 @@ class Metrics:
             return
         print(f"step {step:>6} | validation " + " | ".join(f"{k} {v:.4f}" for k, v in losses.items()), flush=True)
         self._write({"event": "eval", "step": step, "val_loss": losses, "time": time.time()})
+        self._log(f"step {step} | validation " + " | ".join(f"{k} {v:.4f}" for k, v in losses.items()))
         for name, value in losses.items():
             self._scalar(f"val/{name}", value, step)
 
     def log_event(self, record: dict) -> None:
         """Anything else worth keeping (a skipped step, the run's end)."""
         if self.active:
-            print(" | ".join(f"{k} {v}" for k, v in record.items()), flush=True)
+            line = " | ".join(f"{k} {v}" for k, v in record.items())
+            print(line, flush=True)
             self._write(record)
+            self._log(line)
 
     def _write(self, record: dict) -> None:
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
+        if self.pipes is not None:
+            self.pipes.record(record)
+
+    def _log(self, line: str) -> None:
+        if self.pipes is not None:
+            self.pipes.log(line)
 
     def _scalar(self, tag: str, value: float, step: int) -> None:
         if self.tb is not None and math.isfinite(value):
             self.tb.add_scalar(tag, value, step)
 
     def close(self) -> None:
+        if self.pipes is not None:
+            self.pipes.close()
+            self.pipes = None
         if self.jsonl is not None:
             self.jsonl.close()
         if self.tb is not None:
