@@ -252,7 +252,7 @@ def _plan(args) -> int:
             recipe = load_recipe(args.recipe)
             stages = _training_stages(recipe)
             if not stages:
-                raise UsageError(f"recipe {recipe.name!r} has no training stages yet; give --model JSON_OR_PATH and --tokens N")
+                raise UsageError(f"recipe {recipe.name!r} has no training section; give --model JSON_OR_PATH and --tokens N")
         if (args.checkpoint_minutes is None) != (args.mtbf_hours is None):
             raise UsageError("--checkpoint-minutes and --mtbf-hours go together (Young's interval needs both)")
         layout = planner.Layout(tp=args.tp, pp=args.pp, dp=args.dp, zero=args.zero, micro_batches=args.micro_batches)
@@ -269,10 +269,13 @@ def _plan(args) -> int:
 
 
 def _training_stages(recipe) -> list[tuple]:
-    """[(stage name, ModelShape, tokens)] of the recipe's training stages, for `pretrain plan`.
+    """[(stage name, ModelShape, tokens)] of the recipe's training stages, for `pretrain plan`."""
+    from trainer.planner import ModelShape
 
-    Recipes have no training stages yet (a later issue adds them); until then plans come from --model."""
-    return []
+    if recipe.training is None:
+        return []
+    return [(name, ModelShape.from_model_config(cfg.model, seq_len=cfg.batch.seq_len), float(cfg.train_tokens))
+            for name, cfg in recipe.training.run_configs()]
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from assets.stages import MixingSection, TrainingSection
 from pipelines.decontam import DecontamConfig
 from pipelines.dedup import DedupConfig
 from pipelines.filter_config import FilterConfig
@@ -82,6 +83,8 @@ class Recipe(BaseModel):
     decontamination: DecontamConfig = DecontamConfig()  # benchmark paths relative to base_dir
     tokenizer: TokenizerConfig = TokenizerConfig()  # train a BPE, or adopt `path` (relative to base_dir)
     packing: PackingConfig = PackingConfig()
+    mixing: MixingSection | None = None  # the proxy-model mix sweep (assets/stages.py)
+    training: TrainingSection | None = None  # main, long-context stages, anneal (assets/stages.py)
 
     # Set by load_recipe, not by the YAML: where the recipe came from, to resolve relative inputs.
     path: Path | None = Field(None, exclude=True)
@@ -95,6 +98,15 @@ class Recipe(BaseModel):
                 raise ValueError(f"source name {source.name!r} is used twice")
             seen.add(source.name)
         return sources
+
+    @field_validator("mixing")
+    @classmethod
+    def _mixing_names_sources(cls, mixing, info):
+        sources = {s.name for s in info.data.get("sources") or []}
+        unknown = sorted(set(mixing.prior) - sources) if mixing is not None else []
+        if unknown:
+            raise ValueError(f"prior names sources {unknown} that the recipe does not have ({sorted(sources)})")
+        return mixing
 
     @property
     def input_root(self) -> Path:

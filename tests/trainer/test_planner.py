@@ -162,7 +162,6 @@ def test_cli_plan_warns_but_succeeds_when_the_layout_does_not_fit(capsys, tmp_pa
         (["--model", json.dumps(LLAMA2_7B), "--tokens", "1e9", "--zero", "5"], "layout.zero"),
         (["--model", "/nonexistent/run.json", "--tokens", "1e9"], "no such file"),
         (["--model", "{not json", "--tokens", "1e9"], "not valid JSON"),
-        ([], "no training stages yet"),
     ],
 )
 def test_cli_plan_bad_input_exits_2_naming_the_field(capsys, args, message):

@@ -1,0 +1,151 @@
+"""The recipe's training sections: the mix sweep, the main run, long-context stages and the anneal.
+
+A stage's settings are the trainer's own run-config fields (trainer.config.RunConfig: model, optim,
+schedule, batch, deepspeed, guard, metrics, checkpoint, train_tokens, seed). The main stage gives
+them whole; every later stage gives only what it changes, merged over the stage before it, so a
+long-context stage reads like what it is:
+
+    training:
+      main: {train_tokens: 2000000, model: {d_model: 128, ...}, batch: {seq_len: 128, ...}}
+      long_context:
+        - {name: long_512, train_tokens: 200000, batch: {seq_len: 512}, model: {rope_base: 100000},
+           min_doc_tokens: 256}
+      anneal: {train_tokens: 200000, schedule: {kind: wsd, decay_fraction: 1.0}, weights: {books: 0.6, ...}}
+    mixing: {prior: {web: 0.5, ...}, candidates: 8, proxy: {train_tokens: 200000, model: {n_layers: 1}}}
+
+Each stage is validated at recipe load exactly as the trainer will validate it (from_dict on the
+merged config), so an error names the stage and the field: `training.long_context[0] (long_512).
+batch.seq_len: ...`. Stages are configs, never `if stage == ...` branches (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from trainer.config import RunConfig, from_dict
+from trainer.mixing import MixingConfig
+
+# Fields of RunConfig a recipe stage may set; data, output_dir, stage, lineage and the tokenizer hash
+# are filled in by the training assets.
+STAGE_FIELDS = ("train_tokens", "seed", "model", "optim", "schedule", "batch", "deepspeed", "guard", "metrics",
+                "checkpoint")
+
+
+def merge(base: dict, override: dict) -> dict:
+    """Deep merge: dicts merge key by key, anything else replaces."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _check_stage(where: str, settings: dict) -> RunConfig:
+    unknown = sorted(set(settings) - set(STAGE_FIELDS))
+    if unknown:
+        raise ValueError(f"{where}.{unknown[0]}: not a stage field (stages set {', '.join(STAGE_FIELDS)})")
+    if "train_tokens" not in settings:
+        raise ValueError(f"{where}.train_tokens: required")
+    try:
+        # A placeholder data section: the real one (packed shards of the chosen mixture) comes at run time.
+        return from_dict(RunConfig, {**settings, "data": {"shards": {"_": "_"}}, "output_dir": "_"})
+    except ValueError as exc:
+        raise ValueError(f"{where}.{exc}") from None
+
+
+class StageOverride(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    def settings(self) -> dict:
+        return {k: v for k, v in (self.model_extra or {}).items()}
+
+
+class LongContextStage(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str
+    min_doc_tokens: int = Field(0, ge=0, description="Only documents at least this long (the per-source length filter)")
+
+    @field_validator("name")
+    @classmethod
+    def _key_safe(cls, name: str) -> str:
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+            raise ValueError(f"stage name {name!r} must match [a-z][a-z0-9_]* (it becomes an asset key)")
+        return name
+
+    def settings(self) -> dict:
+        return dict(self.model_extra or {})
+
+
+class AnnealStage(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    weights: dict[str, float] | None = Field(None, description="The high-quality mixture (None: the chosen one)")
+
+    def settings(self) -> dict:
+        return dict(self.model_extra or {})
+
+
+class TrainingSection(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    main: dict[str, Any]
+    long_context: list[LongContextStage] = []
+    anneal: AnnealStage | None = None
+
+    @model_validator(mode="after")
+    def _validate_every_stage(self):
+        self.stage_settings()  # raises ValueError naming the stage and field
+        names = [s.name for s in self.long_context]
+        if len(set(names)) != len(names) or {"main", "anneal"} & set(names):
+            raise ValueError(f"long_context stage names must be unique and not 'main' or 'anneal', got {names}")
+        return self
+
+    def stage_settings(self) -> list[tuple[str, dict]]:
+        """[(stage name, merged RunConfig fields)] in training order: main, long-context stages, anneal."""
+        stages = [("main", dict(self.main))]
+        _check_stage("training.main", stages[0][1])
+        for i, stage in enumerate(self.long_context):
+            merged = merge(stages[-1][1], stage.settings())
+            _check_stage(f"training.long_context[{i}] ({stage.name})", merged)
+            stages.append((stage.name, merged))
+        if self.anneal is not None:
+            merged = merge(stages[-1][1], self.anneal.settings())
+            _check_stage("training.anneal", merged)
+            stages.append(("anneal", merged))
+        return stages
+
+    def run_configs(self) -> list[tuple[str, RunConfig]]:
+        return [(name, _check_stage(name, settings)) for name, settings in self.stage_settings()]
+
+
+class MixingSection(BaseModel):
+    """The proxy-model sweep (RegMix): candidates around the prior, each trained with `proxy` merged over main."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prior: dict[str, float]
+    candidates: int = 8
+    concentration: float = 10.0
+    seed: int = 0
+    target: str = Field("average", description="'average' of the per-domain validation losses, or one source")
+    proxy: dict[str, Any] = {}  # stage fields merged over training.main (smaller model, fewer tokens)
+    schedule: str | None = Field(None, description="cron schedule that re-runs the sweep, e.g. '0 3 * * 0'")
+    status: Literal["running", "stopped"] = "stopped"  # the schedule's default status
+
+    def engine_config(self) -> MixingConfig:
+        return MixingConfig(prior=self.prior, candidates=self.candidates, concentration=self.concentration,
+                            seed=self.seed)
+
+    @model_validator(mode="after")
+    def _check(self):
+        self.engine_config()  # the engine's own checks, messages naming mixing.*
+        if self.target != "average" and self.target not in self.prior:
+            raise ValueError(f"target must be 'average' or one of {sorted(self.prior)}, got {self.target!r}")
+        return self

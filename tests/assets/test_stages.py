@@ -1,0 +1,52 @@
+"""The recipe's training and mixing sections: stages merge over the one before and validate as the trainer does."""
+
+import pytest
+
+from assets.cli import main
+from assets.recipe import DEMO_RECIPE, RecipeError, load_recipe
+from tests.assets.test_recipe import write_recipe
+
+
+def test_demo_stages_merge_over_the_stage_before():
+    recipe = load_recipe(DEMO_RECIPE)
+    stages = dict(recipe.training.run_configs())
+    assert list(stages) == ["main", "long_512", "anneal"]
+    main_cfg, long_cfg, anneal = stages["main"], stages["long_512"], stages["anneal"]
+    # The long-context stage changes only what it says: sequence length, RoPE base, batch and schedule.
+    assert (long_cfg.batch.seq_len, long_cfg.model.rope_base) == (512, 100000.0)
+    assert long_cfg.model.d_model == main_cfg.model.d_model and long_cfg.optim == main_cfg.optim
+    assert main_cfg.batch.ramp_start == 8 and long_cfg.batch.ramp_start is None
+    # The anneal starts from the long-context stage and decays the LR to zero over all of it.
+    assert anneal.batch.seq_len == 512 and anneal.schedule.decay_fraction == 1.0 and anneal.schedule.min_lr_ratio == 0
+    assert recipe.training.anneal.weights == {"books": 0.4, "math": 0.3, "code": 0.3}
+    assert recipe.mixing.engine_config().candidates == 4
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda raw: raw["training"]["main"]["model"].update(n_heads=3),
+         "training.main.model.d_model (128) must be divisible by model.n_heads (3)"),
+        (lambda raw: raw["training"]["long_context"][0]["batch"].update(seq_len=0),
+         "training.long_context[0] (long_512).batch.seq_len must be >= 1"),
+        (lambda raw: raw["training"]["anneal"].update(learning_rate=1.0),
+         "training.anneal.learning_rate: not a stage field"),
+        (lambda raw: raw["mixing"]["prior"].update(wiki=0.1), "prior names sources ['wiki']"),
+        (lambda raw: raw["mixing"].update(target="wiki"), "target must be 'average' or one of"),
+    ],
+)
+def test_a_bad_stage_names_the_stage_and_field(tmp_path, mutate, expected):
+    with pytest.raises(RecipeError) as err:
+        load_recipe(write_recipe(tmp_path, mutate))
+    assert expected in str(err.value) and "recipe.yaml" in str(err.value)
+
+
+def test_pretrain_plan_prints_every_stage_of_the_recipe(capsys, tmp_path):
+    assert main(["plan", "--recipe", str(DEMO_RECIPE)]) == 0
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if line.startswith("stage ")] == [
+        "stage main", "stage long_512", "stage anneal"]
+    assert "T = 512" in out and "2.621e+05" in out
+    no_training = write_recipe(tmp_path, lambda raw: raw.pop("training"))
+    assert main(["plan", "--recipe", no_training]) == 2
+    assert "has no training section" in capsys.readouterr().err
