@@ -6,6 +6,7 @@
     pretrain docs ASSET  [--recipe R] [--source S] [--limit N]
     pretrain plan        [--recipe R] [--model JSON_OR_PATH] [--tokens N] [--device h100] [--mfu 0.4]
                          [--tp 1] [--pp 1] [--dp 8] [--zero 3] [--micro-batches M]
+    pretrain lineage CHECKPOINT_URI [--json] [--no-check]
 
 ASSET is an asset key path (`curation/web/raw_crawl`) or, with --source, the stage name (`raw_crawl`).
 SEL is a comma-separated list of asset key paths or fnmatch patterns (`curation/*/raw_crawl`); a leading
@@ -66,6 +67,12 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument("--source", help="source name, when ASSET is a stage name")
         if name == "docs":
             cmd.add_argument("--limit", type=int, default=None, help="stop after N documents")
+
+    cmd = sub.add_parser("lineage", help="what a checkpoint was made from, read from the checkpoint alone")
+    cmd.add_argument("checkpoint", help="a checkpoint step folder or a run folder (its `latest`): path, file:// or s3://")
+    cmd.add_argument("--json", action="store_true", help="print the lineage records as JSON")
+    cmd.add_argument("--no-check", action="store_true", help="do not cross-check with the Dagster instance")
+    cmd.set_defaults(command=_lineage)
 
     cmd = add("plan", _plan, "parameters, FLOPs, GPU-hours and memory per GPU of each training stage")
     cmd.add_argument("--model", help="model config as inline JSON, or a JSON file (a model config or a run.json)")
@@ -234,6 +241,51 @@ def _docs(args) -> int:
                 if remaining is not None:
                     remaining -= 1
     return 0
+
+
+def _lineage(args) -> int:
+    # The checkpoint alone is enough; the Dagster instance, when PRETRAIN_HOME has one, only cross-checks.
+    import os
+    from pathlib import Path
+
+    from resources.store import StoreError, open_store, read_manifest
+
+    uri = args.checkpoint.rstrip("/")
+    try:
+        store = open_store(uri)
+        manifest = read_manifest(store, "")
+        if manifest is None and store.exists("latest"):
+            step = int(store.get_bytes("latest").decode().strip())
+            manifest = read_manifest(store, f"step-{step:08d}")
+            uri = f"{uri}/step-{step:08d}"
+    except (StoreError, ValueError, OSError) as exc:
+        raise UsageError(f"{args.checkpoint}: cannot read the checkpoint: {exc}") from None
+    if manifest is None:
+        raise UsageError(f"{args.checkpoint}: no committed checkpoint (no manifest.json, no `latest`)")
+    records = manifest.get("lineage") or []
+    if args.json:
+        print(json.dumps({"checkpoint": uri, "step": manifest.get("step"), "lineage": records}, indent=2))
+    else:
+        print(f"checkpoint {uri}: stage {manifest.get('config', {}).get('stage', '?')}, step {manifest.get('step')}, "
+              f"{manifest.get('tokens')} tokens, tokenizer sha256 {str(manifest.get('tokenizer_sha256'))[:12]}")
+        if not records:
+            print("  no lineage recorded (trained outside the Dagster layer)")
+        for entry in records:
+            print(f"  {entry.get('asset')}  data {str(entry.get('data_version'))[:12]}  code {entry.get('code_version')}"
+                  f"  run {entry.get('run_id')}")
+    home = os.environ.get("DAGSTER_HOME")
+    if args.no_check or not records or not home or not Path(home, "dagster.yaml").exists():
+        return 0
+    from dagster import DagsterInstance
+
+    from assets.lineage import cross_check
+
+    problems = cross_check(DagsterInstance.get(), records)
+    for problem in problems:
+        print(f"pretrain: lineage differs from the Dagster instance: {problem}", file=sys.stderr)
+    if not problems:
+        print(f"  cross-checked against the Dagster instance at {home}: every output is there", file=sys.stderr)
+    return 1 if problems else 0
 
 
 def _plan(args) -> int:

@@ -1,5 +1,7 @@
 """Lineage from a packed output back to the raw crawl, by data version, through a real Dagster instance."""
 
+import json
+
 import yaml
 from dagster import AssetKey, DagsterInstance
 
@@ -8,6 +10,7 @@ from assets.definitions import build_resources
 from assets.lineage import cross_check, find_output, lineage
 from assets.recipe import DEMO_RECIPE
 from assets.upstream import latest_output
+from trainer.checkpoint_store import LocalCheckpoints
 
 
 def write_recipe(path, max_non_alpha: float):
@@ -23,7 +26,7 @@ def write_recipe(path, max_non_alpha: float):
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
 
 
-def test_lineage_walks_back_to_raw_by_data_version(tmp_path, monkeypatch):
+def test_lineage_walks_back_to_raw_by_data_version(tmp_path, monkeypatch, capsys):
     recipe = tmp_path / "recipe.yaml"
     monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
     write_recipe(recipe, 0.8)
@@ -51,3 +54,20 @@ def test_lineage_walks_back_to_raw_by_data_version(tmp_path, monkeypatch):
     assert again == first
     forged = [{**first[0], "data_version": "0" * 64}]
     assert "is not in this instance" in cross_check(instance, forged)[0]
+
+    # `pretrain lineage` reads it back from a committed checkpoint alone, and cross-checks it here.
+    checkpoints = LocalCheckpoints(tmp_path / "checkpoints")
+    (checkpoints.staging_dir(32) / "model.pt").write_bytes(b"weights")
+    checkpoints.commit(32, {"step": 32, "tokens": 4096, "lineage": first, "config": {"stage": "main"}})
+    capsys.readouterr()
+    assert main(["lineage", str(checkpoints.root)]) == 0  # a run folder: its `latest`
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0].startswith(f"checkpoint {checkpoints.root}/step-00000032: stage main, step 32")
+    assert [line.split()[0] for line in out.splitlines()[1:]] == [r["asset"] for r in first]
+    assert "every output is there" in err
+    assert main(["lineage", str(checkpoints.path(32)), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["lineage"] == first
+    (checkpoints.staging_dir(33) / "model.pt").write_bytes(b"weights")
+    checkpoints.commit(33, {"step": 33, "lineage": forged})
+    assert main(["lineage", str(checkpoints.path(33))]) == 1
+    assert "is not in this instance" in capsys.readouterr().err
