@@ -116,15 +116,28 @@ class Factory:
         resolver = CachingStaleStatusResolver(instance=self.instance, asset_graph=graph, loading_context=view)
         rows = []
         for key in self.keys:
-            state = resolver.get_status(key).value.lower()
+            state = self._state(resolver, graph, key)
             if state == "missing":
                 cause = "never materialized"
             elif state == "stale":
-                cause = "; ".join(sorted({_describe_cause(c) for c in resolver.get_stale_root_causes(key)}))
+                node = graph.get(key)
+                partitions = (node.partitions_def.get_partition_keys(dynamic_partitions_store=self.instance)
+                              if node.is_partitioned else [None])
+                causes = {_describe_cause(c) for p in partitions for c in resolver.get_stale_root_causes(key, p)}
+                cause = "; ".join(sorted(causes))
             else:
                 cause = "-"
             rows.append((key, state, cause))
         return rows
+
+    def _state(self, resolver, graph, key) -> str:
+        """fresh | stale | missing; a partitioned asset is missing if any partition is, else stale if any is."""
+        node = graph.get(key)
+        if not node.is_partitioned:
+            return resolver.get_status(key).value.lower()
+        partitions = node.partitions_def.get_partition_keys(dynamic_partitions_store=self.instance)
+        states = {resolver.get_status(key, partition).value.lower() for partition in partitions} or {"missing"}
+        return next(state for state in ("missing", "stale", "fresh") if state in states)
 
     def select(self, selection: str | None) -> list:
         """Keys for a --select: comma-separated keys or fnmatch patterns; `+PATTERN` adds everything upstream."""
@@ -145,9 +158,48 @@ class Factory:
         return [k for k in self.keys if k in chosen]
 
     def materialize(self, keys: list) -> bool:
+        """Run `keys` in dependency order: unpartitioned assets together in one run, a partitioned asset
+        (the mix sweep) one run per partition once everything it needs from the selection is done."""
+        graph = self.defs.resolve_asset_graph()
         job = self.defs.resolve_implicit_global_asset_job_def()
-        result = job.execute_in_process(instance=self.instance, asset_selection=keys, raise_on_error=False)
-        return result.success
+        remaining = set(keys)
+        while remaining:
+            partitioned = {k for k in remaining if graph.get(k).is_partitioned}
+            blocked = set().union(*(self._descendants(graph, k) for k in partitioned)) if partitioned else set()
+            plain = [k for k in self.keys if k in remaining - partitioned - blocked]
+            if plain:
+                result = job.execute_in_process(instance=self.instance, asset_selection=plain, raise_on_error=False)
+                if not result.success:
+                    return False
+                remaining -= set(plain)
+                continue
+            key = next(k for k in self.keys if k in partitioned
+                       and not (self._ancestors(graph, k) & remaining))
+            partition_keys = graph.get(key).partitions_def.get_partition_keys(dynamic_partitions_store=self.instance)
+            if not partition_keys:
+                print(f"pretrain: {key.to_user_string()} has no partitions yet (materialize what registers them)",
+                      file=sys.stderr)
+                return False
+            for partition in partition_keys:
+                print(f"materializing {key.to_user_string()} partition {partition}", file=sys.stderr)
+                result = job.execute_in_process(instance=self.instance, asset_selection=[key], partition_key=partition,
+                                                raise_on_error=False)
+                if not result.success:
+                    return False
+            remaining.discard(key)
+        return True
+
+    @staticmethod
+    def _descendants(graph, key) -> set:
+        from dagster import AssetSelection
+
+        return set(AssetSelection.assets(key).downstream().resolve(graph)) - {key}
+
+    @staticmethod
+    def _ancestors(graph, key) -> set:
+        from dagster import AssetSelection
+
+        return set(AssetSelection.assets(key).upstream().resolve(graph)) - {key}
 
     def resolve(self, asset: str, source: str | None):
         from dagster import AssetKey

@@ -191,6 +191,10 @@ class ObjectStore(abc.ABC):
     def delete(self, key: str) -> None:
         """Remove the object; deleting a missing key is not an error."""
 
+    def local_path(self, key: str) -> Path | None:
+        """Where the object or folder `key` already is on this machine's disk, or None (S3)."""
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
 
@@ -207,6 +211,9 @@ class LocalStore(ObjectStore):
 
     def uri(self, key: str) -> str:
         return self._path(key).as_uri()
+
+    def local_path(self, key: str) -> Path | None:
+        return self._path(key)
 
     def put_file(self, key: str, path: str | os.PathLike) -> ObjectInfo:
         dest = self._path(key)

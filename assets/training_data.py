@@ -1,0 +1,82 @@
+"""What a training asset hands the trainer: local folders of the packed outputs, the tokenizer, the lineage.
+
+    inputs = training_inputs(context, store, scratch, sources=["web", "code"])
+    inputs.folders        # {"web": Path(...), ...}: packed outputs as trainer/data.py opens them
+    inputs.lineage        # records from these outputs back to every raw source (assets/lineage.py)
+    inputs.upstream       # {asset: data_version} of the packed outputs and the tokenizer (for version keys)
+
+With the local store the packed outputs are read in place; from S3 they are downloaded once into a
+scratch cache keyed by their data version (outputs are immutable, so a cached copy never goes stale),
+and each file is verified against its manifest's sha256 by the trainer's reader on open.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from dagster import AssetExecutionContext, AssetKey, Failure
+
+from assets.lineage import lineage
+from assets.tokenization import packed_key, tokenizer_key
+from assets.upstream import Output, OutputNotFound, latest_output
+from resources.scratch import ScratchResource
+from resources.store import MANIFEST, ObjectStore
+
+
+@dataclass(frozen=True)
+class TrainingInputs:
+    folders: dict[str, Path]
+    outputs: dict[str, Output]  # source name -> its packed output
+    tokenizer: Output
+    lineage: list[dict]
+
+    @property
+    def upstream(self) -> dict[str, str]:
+        versions = {o.key.to_user_string(): o.data_version for o in self.outputs.values()}
+        return {**versions, self.tokenizer.key.to_user_string(): self.tokenizer.data_version}
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.tokenizer.manifest["tokenizer"]["vocab_size"])
+
+    @property
+    def tokenizer_sha256(self) -> str:
+        return self.tokenizer.manifest["tokenizer"]["sha256"]
+
+
+def local_folder(store: ObjectStore, output: Output, cache_root: Path) -> Path:
+    """A local folder holding the output's files and manifest."""
+    here = store.local_path(output.prefix)
+    if here is not None:
+        return here
+    folder = cache_root / output.data_version
+    if (folder / MANIFEST).exists():
+        return folder
+    partial = cache_root / f".{output.data_version}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    for entry in output.manifest["files"]:
+        store.download(f"{output.prefix}/{entry['path']}", partial / entry["path"])  # verified by sha256
+    (partial / MANIFEST).write_text(json.dumps(output.manifest))
+    os.replace(partial, folder)
+    return folder
+
+
+def training_inputs(context: AssetExecutionContext, store: ObjectStore, scratch: ScratchResource,
+                    sources: list[str]) -> TrainingInputs:
+    try:
+        outputs = {name: latest_output(context.instance, store, packed_key(name)) for name in sources}
+        tokenizer = latest_output(context.instance, store, tokenizer_key())
+    except OutputNotFound as exc:
+        raise Failure(description=str(exc)) from exc
+    cache = Path(scratch.root) / "packed-cache"
+    folders = {name: local_folder(store, out, cache) for name, out in outputs.items()}
+    return TrainingInputs(folders=folders, outputs=outputs, tokenizer=tokenizer,
+                          lineage=lineage(context.instance, store, [*outputs.values(), tokenizer]))
+
+
+def packed_keys(sources: list[str]) -> list[AssetKey]:
+    return [packed_key(name) for name in sources] + [tokenizer_key()]
