@@ -85,19 +85,25 @@ def mixing_assets(recipe: Recipe) -> list:
     if recipe.mixing is None or recipe.training is None:
         return []
     section = mixing_section(recipe)
-    version = code_version("mixing", MIXING_IMPLEMENTATION, section)
+    # Each asset's code version hashes what decides its own output: the candidates only the draw, the sweep
+    # also the proxy, the weights also the target (a new proxy reruns the sweep, not the draw).
+    draw = {k: section["mixing"][k] for k in ("prior", "candidates", "concentration", "seed")}
+    version = code_version("mix_sweep", MIXING_IMPLEMENTATION, section)
+    candidates_version = code_version("mix_candidates", MIXING_IMPLEMENTATION, draw)
+    fit = {k: v for k, v in section["mixing"].items() if k != "proxy"}
+    weights_version = code_version("mixture_weights", MIXING_IMPLEMENTATION, fit)
     sources = sorted(recipe.mixing.prior)
     cfg = recipe.mixing.engine_config()
 
-    @asset(key=candidates_key(), group_name="mixing", code_version=version, kinds={"python"},
+    @asset(key=candidates_key(), group_name="mixing", code_version=candidates_version, kinds={"python"},
            description=(f"{cfg.candidates} candidate mixtures of {', '.join(sources)} drawn from a Dirichlet around "
                         "the prior (the prior itself first); one mix_sweep partition each. Driven by the recipe's "
                         "`mixing` section."))
     def mix_candidates(context: AssetExecutionContext, store: StoreResource, scratch: ScratchResource) -> MaterializeResult:
         mixtures = {mixture_name(m): m for m in candidate_mixtures(cfg)}
         object_store = store.open()
-        prefix, manifest, payload = _commit_json(context, object_store, candidates_key(), version_key(version), version,
-                                                 section, {"candidates": mixtures}, {})
+        prefix, manifest, payload = _commit_json(context, object_store, candidates_key(), version_key(candidates_version),
+                                                 candidates_version, draw, {"candidates": mixtures}, {})
         known = set(context.instance.get_dynamic_partitions(CANDIDATES.name))
         new = [name for name in payload["candidates"] if name not in known]
         if new:
@@ -153,7 +159,7 @@ def mixing_assets(recipe: Recipe) -> list:
             "weights_plot": bar_chart(payload["weights"], title=f"mixture {name}", ylabel="weight"),
             "val_loss_plot": bar_chart(payload["val_loss"], title="validation loss per domain", ylabel="loss")})
 
-    @asset(key=weights_key(), group_name="mixing", code_version=version, kinds={"python"}, deps=[sweep_key()],
+    @asset(key=weights_key(), group_name="mixing", code_version=weights_version, kinds={"python"}, deps=[sweep_key()],
            automation_condition=AutomationCondition.eager(),
            description=("The chosen mixture: a regression of the target loss on the weights, fitted over every "
                         "swept candidate (RegMix), minimised over fresh mixtures around the prior."))
@@ -175,8 +181,9 @@ def mixing_assets(recipe: Recipe) -> list:
         best, predicted = best_mixture(fit, cfg)
         payload = {"weights": best, "predicted_target_loss": predicted, "r2": fit.r2, "loo_rmse": fit.loo_rmse,
                    "candidates": {r["mixture"]: r["target_loss"] for r in results}, "target": recipe.mixing.target}
-        vkey = version_key(version, upstream=upstream)
-        prefix, manifest, payload = _commit_json(context, object_store, weights_key(), vkey, version, section, payload,
+        vkey = version_key(weights_version, upstream=upstream)
+        prefix, manifest, payload = _commit_json(context, object_store, weights_key(), vkey, weights_version,
+                                                 fit, payload,
                                                  {"swept": upstream})
         observed = min(payload["candidates"].values())
         return committed_result(object_store, prefix, manifest, metadata={
