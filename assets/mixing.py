@@ -19,8 +19,12 @@ import shutil
 from dagster import (
     AssetExecutionContext,
     AssetKey,
+    AssetSelection,
     AutomationCondition,
+    DefaultScheduleStatus,
     DynamicPartitionsDefinition,
+    ScheduleDefinition,
+    define_asset_job,
     Failure,
     MaterializeResult,
     MetadataValue,
@@ -113,6 +117,7 @@ def mixing_assets(recipe: Recipe) -> list:
 
     @asset(key=sweep_key(), group_name="mixing", code_version=version, kinds={"python"},
            partitions_def=CANDIDATES, deps=[candidates_key(), *packed_keys(sources)],
+           automation_condition=AutomationCondition.eager(),
            description=("One proxy run per candidate mixture (a partition): the proxy model (training.main with "
                         "mixing.proxy over it) trained on that mixture of the packed sources; records each domain's "
                         f"validation loss and the target ({recipe.mixing.target}). Driven by `mixing` and `training`."))
@@ -194,6 +199,18 @@ def mixing_assets(recipe: Recipe) -> list:
             "swept": MetadataValue.json(payload["candidates"])})
 
     return [mix_candidates, mix_sweep, mixture_weights]
+
+
+def mixing_schedules(recipe: Recipe) -> list:
+    """The recipe's cron re-draws the candidates; the automation sensor then runs every new or changed
+    sweep partition (eager) and refits the weights (eager). Unchanged partitions reuse their results."""
+    if recipe.mixing is None or recipe.training is None or not recipe.mixing.schedule:
+        return []
+    job = define_asset_job("mix_sweep_schedule_job", selection=AssetSelection.assets(candidates_key()),
+                           description="Re-draw the sweep's candidates; the automation sensor runs the rest.")
+    status = DefaultScheduleStatus.RUNNING if recipe.mixing.status == "running" else DefaultScheduleStatus.STOPPED
+    return [ScheduleDefinition(name="mix_sweep_schedule", job=job, cron_schedule=recipe.mixing.schedule,
+                               default_status=status)]
 
 
 def _latest_partition(instance, partition: str):

@@ -50,3 +50,17 @@ def test_pretrain_plan_prints_every_stage_of_the_recipe(capsys, tmp_path):
     no_training = write_recipe(tmp_path, lambda raw: raw.pop("training"))
     assert main(["plan", "--recipe", no_training]) == 2
     assert "has no training section" in capsys.readouterr().err
+
+
+def test_the_sweep_has_its_schedule_and_the_automation_keeps_it_going():
+    from dagster import AssetKey, AutomationCondition
+
+    from assets.definitions import build_defs
+
+    recipe = load_recipe(DEMO_RECIPE)
+    defs = build_defs(recipe)
+    schedule = defs.resolve_schedule_def("mix_sweep_schedule")
+    assert schedule.cron_schedule == "0 3 * * 0" and schedule.default_status.value == "STOPPED"
+    graph = defs.resolve_asset_graph()
+    for key in (["mixing", "mix_sweep"], ["mixing", "mixture_weights"]):
+        assert graph.get(AssetKey(key)).automation_condition == AutomationCondition.eager()
