@@ -4,8 +4,9 @@
     torchrun --nproc_per_node 2 -m trainer --config run.json
     deepspeed --num_gpus 2 --module trainer --config run.json
 
-Exit status 0 when the token budget is reached, 3 when the spike guard stops the run (rollback
-needed or too many skipped steps), 2 for a bad config.
+Exit status 0 when the token budget is reached, 3 when the spike guard stops the run (a rollback
+with no checkpoint before the spike, or too many skipped steps), 2 for a bad config or a checkpoint
+this config cannot resume (e.g. another batch.global_batch).
 """
 
 from __future__ import annotations
@@ -31,12 +32,18 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch.distributed as dist
 
+    from trainer.checkpoint import ResumeRefused
     from trainer.guard import GuardStop
     from trainer.train import train
 
     try:
         train(cfg)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()  # no rank tears its process group down while another still uses it
         return 0
+    except ResumeRefused as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except GuardStop as e:
         print(f"error: {e}", file=sys.stderr)
         return 3

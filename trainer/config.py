@@ -252,6 +252,9 @@ class RunConfig:
     guard: GuardConfig = field(default_factory=GuardConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    # A committed checkpoint step (path, file:// or s3://…/step-<N>) whose weights start this run: how a
+    # long-context stage continues from the stage before. Optimizer and schedule start fresh; a resume wins.
+    init_from: str | None = None
     tokenizer_sha256: str | None = None  # recorded in every checkpoint manifest
     # Data and code versions of everything upstream, passed in by the Dagster layer; recorded in every
     # checkpoint manifest: [{asset, data_version, code_version, run_id}, ...] from this stage back to raw.

@@ -56,11 +56,11 @@ def init_distributed() -> Dist:
                 device=device, created=created)
 
 
-def deepspeed_config(cfg: RunConfig, world_size: int) -> dict:
+def deepspeed_config(cfg: RunConfig, world_size: int, *, load_universal: bool = False) -> dict:
     b = cfg.batch
     b.check_world(world_size)
     own_clip = _gate_clips(cfg)
-    return {
+    config = {
         "train_batch_size": b.global_batch,
         "train_micro_batch_size_per_gpu": b.micro_batch,
         "gradient_accumulation_steps": b.global_batch // (b.micro_batch * world_size),
@@ -71,6 +71,10 @@ def deepspeed_config(cfg: RunConfig, world_size: int) -> dict:
         "steps_per_print": 2**62,
         "wall_clock_breakdown": False,
     }
+    if load_universal:
+        # A checkpoint written by another number of ranks, converted by trainer.checkpoint.to_universal.
+        config["checkpoint"] = {"load_universal": True}
+    return config
 
 
 def _gate_clips(cfg: RunConfig) -> bool:
@@ -95,11 +99,11 @@ class PreClipNorm:
         return float(norm)
 
 
-def build_engine(model: torch.nn.Module, cfg: RunConfig, dist: Dist):
+def build_engine(model: torch.nn.Module, cfg: RunConfig, dist: Dist, *, load_universal: bool = False):
     import deepspeed
 
     optimizer = build_optimizer(model, cfg.optim)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
-                                           config=deepspeed_config(cfg, dist.world_size))
+                                           config=deepspeed_config(cfg, dist.world_size, load_universal=load_universal))
     norm = PreClipNorm(engine, optimizer, cfg.optim.grad_clip, _gate_clips(cfg))
     return engine, optimizer, norm

@@ -9,8 +9,9 @@
   above grad_norm_ratio × its running average, is an outlier: skipped and recorded with its step,
   global sample indices and reason. Running averages move only on applied steps.
 - `max_strikes` skips within `strike_window` steps ask for a rollback to the last checkpoint and a
-  skip of the data window that produced them (carried out by the checkpointing issue; until then
-  the run stops with that message). More than `max_skipped` skips in total stop the run.
+  skip of the data window that produced them (carried out by Trainer.rollback from trainer.checkpoint;
+  without a checkpoint before the spike the run stops with that message). More than `max_skipped`
+  skips in total stop the run.
 
 All state is in `state_dict()` so a checkpoint can carry it.
 """
@@ -97,7 +98,7 @@ class SpikeGuard:
             raise RollbackRequested(
                 f"spike guard: {len(recent)} skipped steps within {self.cfg.strike_window} steps "
                 f"(steps {[s['step'] for s in recent]}). Roll back to the last checkpoint and skip the data "
-                f"window of global samples [{a}, {b}); automatic rollback comes with checkpointing.",
+                f"window of global samples [{a}, {b}).",
                 skip_window=(a, b),
             )
 

@@ -2,24 +2,27 @@
 
     python -m trainer --config run.json                 # or under torchrun / deepspeed
 
-Everything a checkpoint must carry to replay the run is in `Trainer.state_dict()`: step, tokens,
-the global sample index (the data loader's whole state), the spike guard and the RNG.
+The loop's replayable state apart from model, optimizer and RNG is `Trainer.state_dict()`: step,
+tokens, the global sample index (the data loader's whole state), the skipped data windows and the
+spike guard. trainer.checkpoint saves it with the rest, resumes from it at start, and carries out the
+guard's rollback: restore the newest checkpoint before the spike, then jump the data over the window.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
 import torch
 import torch.distributed as torch_dist
 
+from trainer.checkpoint import Checkpointer
 from trainer.config import RunConfig
 from trainer.data import rank_indices
 from trainer.engine import Dist, build_engine, init_distributed
-from trainer.guard import GuardStop, SpikeGuard, Verdict
+from trainer.guard import GuardStop, RollbackRequested, SpikeGuard, TooManySkips, Verdict
 from trainer.metrics import Metrics, device_peak, flops_per_token
 from trainer.model import CausalLM
 from trainer.optim import batch_at, lr_at, set_lr
@@ -59,6 +62,17 @@ class TrainState:
     step: int = 0  # optimizer steps taken (applied or skipped)
     tokens: int = 0  # tokens consumed
     sample_index: int = 0  # global index of the next sample: the data loader's whole state
+    # Global sample windows [a, b) left out after a rollback: a batch never starts inside one.
+    skip_windows: list[list[int]] = field(default_factory=list)
+
+    def skip_to(self, batch: int) -> None:
+        """Move sample_index past every recorded window the next batch [i, i + batch) would overlap."""
+        moved = True
+        while moved:
+            moved = False
+            for a, b in self.skip_windows:
+                if self.sample_index < b and a < self.sample_index + batch:
+                    self.sample_index, moved = b, True
 
 
 class Trainer:
@@ -74,21 +88,55 @@ class Trainer:
         if vocab is not None and vocab > cfg.model.vocab_size:
             raise ValueError(
                 f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the data's vocabulary ({vocab})")
-        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-        self.model = CausalLM(cfg.model).to(self.dist.device)
+        self._new_model()
         n_matmul = self.model.transformer.num_params(exclude_embedding=True)  # before ZeRO-3 partitions it
         self.n_params = self.model.transformer.num_params()
-        self.engine, self.optimizer, self.grad_norm = build_engine(self.model, cfg, self.dist)
-        self.optimizer.gate = self._gate
         self.guard = SpikeGuard(cfg.guard)
         self.state = TrainState()
         self.metrics = Metrics(cfg.metrics, cfg.output_dir, rank=self.dist.rank,
                                flops_per_token=flops_per_token(n_matmul, cfg.model, cfg.batch.seq_len),
                                peak=device_peak(self.dist.device, cfg.metrics.peak_flops),
                                train_tokens=cfg.train_tokens)
-        self._batch_size = cfg.batch.global_batch  # what the DeepSpeed engine is configured for
+        self.checkpointer = Checkpointer.for_run(cfg, self.dist, on_event=self.metrics.log_event)
         self._pending: dict = {}
         self.history: list[dict] = []  # per step: step, loss, grad_norm, lr, batch, applied, samples
+        point = self.checkpointer.find_resume() if cfg.checkpoint.resume else None
+        try:
+            if point is not None:
+                self.checkpointer.check_batch(point, cfg)
+            if point is None and cfg.init_from:
+                # A new stage continues from the stage before: its weights, a fresh optimizer and schedule.
+                from trainer.weights import load_initial_weights, local_step
+
+                cache = Path(cfg.output_dir) / "init_from"
+                if self.dist.rank == 0:
+                    local_step(cfg.init_from, cache)  # one download from the object store, then every rank reads it
+                if self.dist.world_size > 1:
+                    torch_dist.barrier()
+                source = load_initial_weights(self.model, cfg.init_from, cache)
+                self.metrics.log_event({"event": "initialized", "from": cfg.init_from, "step": source["step"]})
+            # The engine must know before it is built whether it loads shards of another world size.
+            universal = self.checkpointer.needs_universal(point, cfg)
+            self._build_engine(load_universal=universal)
+            if point is not None:
+                self.checkpointer.restore(self, point, universal=universal)
+                self.metrics.log_event({"event": "resumed", "step": point.step, "source": point.source,
+                                        "path": str(point.path), "world_size": point.manifest["world_size"],
+                                        "universal": universal})
+        except BaseException:
+            self.checkpointer.close(wait=False)
+            self.metrics.close()
+            raise
+
+    def _new_model(self) -> None:
+        torch.manual_seed(self.cfg.seed)  # identical initial weights on every rank
+        self.model = CausalLM(self.cfg.model).to(self.dist.device)
+
+    def _build_engine(self, *, load_universal: bool = False) -> None:
+        self.engine, self.optimizer, self.grad_norm = build_engine(self.model, self.cfg, self.dist,
+                                                                   load_universal=load_universal)
+        self.optimizer.gate = self._gate
+        self._batch_size = self.cfg.batch.global_batch  # what the DeepSpeed engine is configured for
 
     # -- the guard's hook inside DeepSpeed's step -------------------------------------------------
     def _gate(self) -> bool:
@@ -115,6 +163,7 @@ class Trainer:
             self.engine.set_train_batch_size(B)  # changes only the gradient-accumulation steps
             self._batch_size = B
         accum = B // (micro * d.world_size)
+        st.skip_to(B)
         indices = rank_indices(st.sample_index, B, d.rank, d.world_size)
         lr = lr_at(st.tokens + B * T, peak_lr=cfg.optim.lr, train_tokens=cfg.train_tokens, cfg=cfg.schedule)
         set_lr(self.optimizer, lr)
@@ -178,9 +227,16 @@ class Trainer:
         cfg, st = self.cfg, self.state
         window: list[dict] = []
         val: dict[str, float] = {}
+        ckpt = self.checkpointer
+        finished = False
         try:
             while st.tokens < cfg.train_tokens:
-                self.step()
+                try:
+                    self.step()
+                except RollbackRequested as e:
+                    self.rollback(e)
+                    st, window = self.state, []
+                    continue
                 window.append(self.history[-1])
                 last = st.tokens >= cfg.train_tokens
                 if st.step % cfg.metrics.log_interval == 0 or last:
@@ -194,10 +250,15 @@ class Trainer:
                         last or (cfg.metrics.eval_interval and st.step % cfg.metrics.eval_interval == 0)):
                     val = self.evaluate()
                     self.metrics.log_eval(step=st.step, losses=val)
+                if ckpt.due(st.step) or (last and cfg.checkpoint.save_final and st.step not in ckpt.saved):
+                    ckpt.save(self)
+            finished = True
         except GuardStop as e:
             self.metrics.log_event({"event": "guard_stop", "step": st.step, "message": str(e)})
             raise
         finally:
+            # A finished run waits for its uploads (a committed step is never abandoned); a failed one does not.
+            ckpt.close(wait=finished)
             self.metrics.close()
         summary = {"steps": st.step, "tokens": st.tokens, "sample_index": st.sample_index, "val_loss": val,
                    "skipped": self.guard.skipped, "losses": [h["loss"] for h in self.history]}
@@ -205,19 +266,39 @@ class Trainer:
             Path(cfg.output_dir, "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
 
+    def rollback(self, e: RollbackRequested) -> None:
+        """The guard's rollback: restore the newest checkpoint taken before the spike's data window,
+        record the window (later checkpoints carry it, so a resume skips it too) and go on."""
+        a, b = e.skip_window
+        at = self.state.step
+        point = self.checkpointer.before(a)
+        if point is None:
+            raise GuardStop(f"{e} No committed checkpoint was taken before global sample {a} to roll back to "
+                            f"(see checkpoint.interval_steps / checkpoint.mtbf_hours).") from e
+        # A fresh engine: ZeRO-3 cannot load into the partitioned module of a running one. The step may
+        # come from another world size (the one this run resumed from).
+        universal = self.checkpointer.needs_universal(point, self.cfg)
+        self._new_model()
+        self._build_engine(load_universal=universal)
+        self.checkpointer.restore(self, point, universal=universal)
+        self.state.skip_windows.append([a, b])
+        if len(self.state.skip_windows) > self.cfg.guard.max_skipped:
+            raise TooManySkips(f"spike guard: {len(self.state.skip_windows)} rollbacks, more than guard.max_skipped = "
+                               f"{self.cfg.guard.max_skipped}; the run is unstable") from e
+        self.history = [h for h in self.history if h["step"] < self.state.step]
+        dropped = self.checkpointer.discard_after(point.step)
+        self.metrics.log_event({"event": "rollback", "step": at, "to_step": point.step, "skip_window": [a, b],
+                                "reason": str(e), "discarded_checkpoints": dropped})
+
     def state_dict(self) -> dict:
-        """The loop's whole replayable state apart from model and optimizer (a checkpoint adds those)."""
-        return {"train": asdict(self.state), "guard": self.guard.state_dict(),
-                "rng": {"torch": torch.get_rng_state(),
-                        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
-                "config": self.cfg.to_dict()}
+        """The loop's replayable state apart from model, optimizer and RNG (trainer.checkpoint adds those)."""
+        return {"train": asdict(self.state), "guard": self.guard.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.state = TrainState(**state["train"])
+        train = dict(state["train"])
+        train["skip_windows"] = [list(w) for w in train.get("skip_windows", [])]
+        self.state = TrainState(**train)
         self.guard.load_state_dict(state["guard"])
-        torch.set_rng_state(state["rng"]["torch"])
-        if state["rng"]["cuda"] is not None:
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
 
 
 def train(cfg: RunConfig, *, train_source: BatchSource | None = None,

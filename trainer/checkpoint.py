@@ -1,0 +1,379 @@
+"""Checkpointer: save the whole replayable state of a run, resume from it, roll back to it.
+
+    ckpt = Checkpointer.for_run(cfg, dist, on_event=metrics.log_event)
+    point = ckpt.find_resume()               # newest verified local step, else remote (downloaded); or None
+    ckpt.check_batch(point, cfg)             # a changed global batch is refused unless allowed
+    ... build the DeepSpeed engine, with load_universal=ckpt.needs_universal(point) ...
+    ckpt.restore(trainer, point)             # engine shards (resharded when the world size changed), state, RNG
+    if ckpt.due(step): ckpt.save(trainer)    # every rank calls it; rank 0 commits, uploads, retains
+
+A step folder (<local_dir>/step-<N:08d>/, committed by trainer.checkpoint_store):
+
+    ds/...                     DeepSpeed's own files, engine.save_checkpoint(folder, tag="ds"): model states
+                               (mp_rank_00_model_states.pt; per rank under ZeRO-3) and, under ZeRO 1-3 and
+                               bf16, each rank's optimizer shard (*zero_pp_rank_<r>_mp_rank_00_optim_states.pt)
+    zero_to_fp32.py ...        DeepSpeed's scripts to turn the shards into full weights
+    rank-<r:05d>.pt            each rank: its RNG states (python `random`, numpy, torch CPU, CUDA if any)
+    trainer.json               rank 0: TrainState (step, tokens, sample_index, skip windows) and the spike guard
+    manifest.json              written last: step, tokens, world_size, global_batch, data_position, the
+                               resolved config, tokenizer_sha256, lineage, skip_windows, files with sha256
+
+Several ranks (and nodes) must see one local_dir: a shared filesystem, or a single node.
+
+Resuming on another world size at the same global batch uses DeepSpeed's universal checkpoint: rank 0
+converts the step's shards (deepspeed.checkpoint.ds_to_universal) into a scratch folder, the engine
+is built with {"checkpoint": {"load_universal": true}} and loads it; every rank then takes its new
+share of the fp32 master weights and Adam moments. The token stream depends only on the global sample
+index, so the same tokens follow. RNG: a rank that existed in the old world restores its own states,
+a new rank is seeded from (seed, step, rank). The model has no dropout and the data are indexed, not
+sampled, so the RNG does not touch the numerics; it is kept for components that may use it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import time
+from argparse import Namespace
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+import torch
+import torch.distributed as torch_dist
+
+from trainer.checkpoint_store import (CorruptCheckpoint, LocalCheckpoints, RemoteCheckpoints, ResumePoint, Uploader,
+                                      find_resume)
+from trainer.config import CheckpointConfig, RunConfig
+from trainer.planner import young_checkpoint_interval
+
+if TYPE_CHECKING:
+    from trainer.engine import Dist
+    from trainer.train import Trainer
+
+DS_TAG = "ds"  # DeepSpeed's files go to <step folder>/ds/
+TRAINER_FILE = "trainer.json"
+FIRST_AUTO_SAVE_STEPS = 100  # Young's rule needs a measured save time: the first save comes after this many steps
+# Test hook (the kill-mid-save test): seconds every rank sleeps inside save(), after DeepSpeed's shards
+# and before the RNG files and the trainer state, so a kill lands while step-<N>.partial exists.
+SAVE_DELAY_ENV = "PRETRAIN_TEST_SAVE_DELAY_S"
+
+
+class ResumeRefused(ValueError):
+    """The checkpoint cannot continue this run as configured (the message names the field)."""
+
+
+def rank_file(rank: int) -> str:
+    return f"rank-{rank:05d}.pt"
+
+
+def remote_prefix(cfg: RunConfig) -> str:
+    return f"checkpoints/{cfg.stage}/{cfg.checkpoint.run_name}"
+
+
+def young_interval_steps(save_seconds: float, step_seconds: float, mtbf_hours: float) -> int:
+    """Steps between saves by Young's rule √(2·δ·M), δ the measured save time, M the MTBF."""
+    tau = young_checkpoint_interval(max(save_seconds, 1e-3), mtbf_hours * 3600.0)
+    return max(1, round(tau / max(step_seconds, 1e-6)))
+
+
+def rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def seed_rng(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def to_universal(ds_folder: Path, out_folder: Path) -> None:
+    """DeepSpeed's universal checkpoint of one step's shards (ZeRO 1-3 with bf16): per-parameter fp32
+    weights and Adam moments that any world size can load."""
+    from deepspeed.checkpoint import ds_to_universal
+
+    if out_folder.exists():
+        shutil.rmtree(out_folder)
+    # One worker: a process pool forked from a trainer that holds a process group is asking for trouble.
+    args = Namespace(input_folder=str(ds_folder), output_folder=str(out_folder), num_extract_workers=1,
+                     num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=True)
+    ds_to_universal.main(args)
+
+
+class Checkpointer:
+    """One config (CheckpointConfig); the folders and this process's rank come from the run."""
+
+    def __init__(self, cfg: CheckpointConfig, *, local_dir: str | Path, remote_prefix: str, rank: int,
+                 world_size: int, on_event: Callable[[dict], None] = print):
+        self.cfg = cfg
+        self.rank, self.world_size = rank, world_size
+        self.on_event = on_event
+        self.local = LocalCheckpoints(local_dir)
+        self.remote: RemoteCheckpoints | None = None
+        self.store = None
+        if cfg.remote:
+            from resources.store import open_store
+
+            self.store = open_store(cfg.remote)
+            self.remote = RemoteCheckpoints(self.store, remote_prefix)
+        self.remote_prefix = remote_prefix
+        self.uploader: Uploader | None = None  # rank 0, started at the first save
+        # Uploader events arrive on its thread; the training thread writes them (metrics are not thread-safe).
+        self._events: deque[dict] = deque()
+        self.saved: list[int] = []  # steps saved by this process
+        if cfg.interval_steps:
+            self.interval = cfg.interval_steps
+        elif cfg.mtbf_hours:
+            self.interval = FIRST_AUTO_SAVE_STEPS
+        else:
+            self.interval = 0
+        self._next_save: int | None = None
+        self._mark: tuple[float, int] | None = None  # (time, step) after the last save / the start
+        # Rank 0 commits (hashing, manifest, rename, latest) in this thread so the loop waits only for the
+        # files to be written; commits never wait on the network (uploads have their own thread).
+        self._committer: ThreadPoolExecutor | None = None
+        self._commit_future: Future | None = None
+
+    @classmethod
+    def for_run(cls, cfg: RunConfig, dist: Dist, on_event: Callable[[dict], None] = print) -> Checkpointer:
+        local = cfg.checkpoint.local_dir or os.path.join(cfg.output_dir, "checkpoints")
+        return cls(cfg.checkpoint, local_dir=local, remote_prefix=remote_prefix(cfg), rank=dist.rank,
+                   world_size=dist.world_size, on_event=on_event)
+
+    # -- finding a step to resume from -----------------------------------------------------------
+
+    def find_resume(self) -> ResumePoint | None:
+        """Rank 0 looks (local, else remote: downloaded and verified); every rank gets its answer."""
+        point = None
+        if self.rank == 0:
+            point = find_resume(self.local, self.remote, log=lambda msg: self._event({"event": "corrupt_checkpoint",
+                                                                                      "message": msg}))
+        return self._broadcast(point)
+
+    def before(self, sample_index: int) -> ResumePoint | None:
+        """The newest committed, verified local step whose data position is at or before `sample_index`."""
+        point = None
+        if self.rank == 0:
+            self._settle()  # a step whose commit is in flight counts
+            for step in reversed(self.local.committed()):
+                try:
+                    if self.local.manifest(step)["data_position"] > sample_index:
+                        continue
+                    point = ResumePoint(step, self.local.path(step), self.local.verify(step), "local")
+                    break
+                except CorruptCheckpoint as e:
+                    self._event({"event": "corrupt_checkpoint", "message": str(e)})
+        return self._broadcast(point)
+
+    def check_batch(self, point: ResumePoint, cfg: RunConfig) -> None:
+        old, new = point.manifest["global_batch"], cfg.batch.global_batch
+        if old == new:
+            return
+        if not self.cfg.allow_batch_change:
+            raise ResumeRefused(
+                f"checkpoint {point.path} was written with batch.global_batch = {old}, this run has "
+                f"batch.global_batch = {new}: resuming would change the token schedule. Set "
+                f"checkpoint.allow_batch_change = true to resume anyway, or use batch.global_batch = {old}.")
+        self._event({"event": "batch_change", "step": point.step, "from": old, "to": new})
+
+    def needs_universal(self, point: ResumePoint | None, cfg: RunConfig) -> bool:
+        """Whether the engine must load the step as a universal checkpoint (another world size)."""
+        if point is None or point.manifest["world_size"] == self.world_size:
+            return False
+        # fp32 ZeRO-0 keeps the whole optimizer state in the one model-states file: it loads as it is.
+        return cfg.deepspeed.zero_stage > 0 or cfg.deepspeed.bf16
+
+    # -- restoring -------------------------------------------------------------------------------
+
+    def restore(self, trainer: Trainer, point: ResumePoint, *, universal: bool = False) -> None:
+        """Load the step into `trainer` (its engine freshly built), then its loop state and this rank's RNG."""
+        engine = trainer.engine
+        if universal:
+            scratch = self.local.root / f".universal-{point.path.name}"
+            if self.rank == 0:
+                to_universal(point.path / DS_TAG, scratch / DS_TAG)
+            self._barrier()
+            hyper = [{k: v for k, v in g.items() if k != "params"} for g in trainer.optimizer.param_groups]
+            engine.load_checkpoint(str(scratch), tag=DS_TAG, load_lr_scheduler_states=False)
+            # DeepSpeed 0.19.8's ZeRO-3 universal load (stage3.load_hp_checkpoint_state_from_checkpoint_dir_stage3)
+            # gives every param group group 0's hyperparameters (weight decay on the norm gains) and one
+            # shared `step` tensor to all groups (so Adam's step advances once per group): undo both.
+            for group, saved in zip(trainer.optimizer.param_groups, hyper):
+                group.update(saved)
+            for state in trainer.optimizer.state.values():
+                if torch.is_tensor(state.get("step")):
+                    state["step"] = state["step"].clone()
+            self._barrier()
+            if self.rank == 0:
+                shutil.rmtree(scratch, ignore_errors=True)
+        else:
+            path, _ = engine.load_checkpoint(str(point.path), tag=DS_TAG, load_lr_scheduler_states=False)
+            if path is None:
+                raise CorruptCheckpoint(f"DeepSpeed found no checkpoint in {point.path / DS_TAG}")
+        trainer.load_state_dict(json.loads((point.path / TRAINER_FILE).read_text()))
+        own = point.path / rank_file(self.rank)
+        if own.is_file():
+            set_rng_state(torch.load(own, weights_only=False))
+        else:  # a rank the saving world did not have
+            seed_rng(hash((trainer.cfg.seed, point.step, self.rank)) % 2**63)
+        self._mark = None
+
+    # -- saving ----------------------------------------------------------------------------------
+
+    def due(self, step: int) -> bool:
+        """Whether to save after `step` steps (the same answer on every rank). Also writes pending events.
+
+        A fixed interval saves at its multiples (the same steps whether or not the run was resumed);
+        Young's rule saves `interval` steps after the last save, the interval recomputed at each save."""
+        self.drain()
+        if self._mark is None:
+            self._mark = (time.perf_counter(), step)
+        if not self.interval:
+            return False
+        if self._next_save is None or not self.cfg.mtbf_hours:
+            return step % self.interval == 0
+        return step >= self._next_save
+
+    def save(self, trainer: Trainer) -> None:
+        """Every rank writes its files; then rank 0 commits in the commit thread (which hands the step to
+        the uploader and applies local retention), so the loop waits only for the writes."""
+        t0 = time.perf_counter()
+        st, step = trainer.state, trainer.state.step
+        if self.rank == 0:
+            folder = self.local.staging_dir(step)
+        self._barrier()
+        if self.rank != 0:
+            folder = self.local.staging_dir(step, fresh=False)
+        trainer.engine.save_checkpoint(str(folder), tag=DS_TAG, save_latest=False)
+        delay = float(os.environ.get(SAVE_DELAY_ENV, "0") or 0)
+        if delay:
+            time.sleep(delay)
+        torch.save(rng_state(), folder / rank_file(self.rank))
+        if self.rank == 0:
+            (folder / TRAINER_FILE).write_text(json.dumps(trainer.state_dict(), indent=1))
+        self._barrier()  # every rank's files are in place
+        nbytes = 0
+        if self.rank == 0:
+            cfg = trainer.cfg
+            header = {"step": step, "tokens": st.tokens, "world_size": self.world_size,
+                      "global_batch": cfg.batch.global_batch, "data_position": st.sample_index,
+                      "stage": cfg.stage, "run_name": self.cfg.run_name, "zero_stage": cfg.deepspeed.zero_stage,
+                      "config": cfg.to_dict(), "tokenizer_sha256": cfg.tokenizer_sha256,
+                      "lineage": list(cfg.lineage), "skip_windows": [list(w) for w in st.skip_windows]}
+            nbytes = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+            self._settle()  # the previous commit is done (a failed one raises here) before this one queues
+            if self._committer is None:
+                self._committer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-commit")
+            self._commit_future = self._committer.submit(self._commit, step, header)
+        seconds = time.perf_counter() - t0
+        now = time.perf_counter()
+        # Every rank must agree on the next save step: take rank 0's figures.
+        mark_time, mark_step = self._mark or (t0, step)
+        step_seconds = (t0 - mark_time) / max(step - mark_step, 1)
+        figures = self._broadcast((seconds, step_seconds))
+        if self.cfg.mtbf_hours:
+            self.interval = young_interval_steps(figures[0], figures[1], self.cfg.mtbf_hours)
+        self._next_save = step + self.interval if self.cfg.mtbf_hours else None
+        self._mark = (now, step)
+        self.saved.append(step)
+        if self.rank == 0:
+            # `seconds` is the loop's stall; the commit and the upload report their own events when done.
+            self._event({"event": "checkpoint_saved", "step": step, "seconds": round(seconds, 3), "bytes": nbytes,
+                         "interval_steps": self.interval})
+        return None
+
+    def _commit(self, step: int, header: dict) -> dict:
+        """Rank 0, in the commit thread: commit the step, hand it to the uploader, apply local retention."""
+        start = time.perf_counter()
+        manifest = self.local.commit(step, header)
+        self._events.append({"event": "committed", "step": step, "seconds": round(time.perf_counter() - start, 3)})
+        if self.remote is not None:
+            if self.uploader is None:
+                self.uploader = Uploader(self.store, self.remote_prefix, keep_last=self.cfg.keep_last,
+                                         keep_every=self.cfg.keep_every,
+                                         retry_max_s=self.cfg.upload_retry_max_s, on_event=self._events.append)
+            self.uploader.submit(step, self.local.path(step))
+        # A step still waiting for its upload is kept (nothing committed is lost while S3 is down).
+        self.local.retain(self.cfg.keep_last, self.cfg.keep_every,
+                          protect=self.uploader.pending() if self.uploader else frozenset())
+        return manifest
+
+    def _settle(self) -> None:
+        """Wait for the commit in flight; its error (a full disk, say) surfaces in the loop, loudly."""
+        future, self._commit_future = self._commit_future, None
+        if future is not None:
+            future.result()
+
+    def discard_after(self, step: int) -> list[int]:
+        """After a rollback to `step`: the local steps past it hold the path that was rolled back, so a
+        resume must never pick them. (Their remote copies are replaced when the run reaches them again.)"""
+        dropped = []
+        if self.rank == 0:
+            self._settle()
+            pending = self.uploader.pending() if self.uploader else set()
+            for s in self.local.committed():
+                if s > step and s not in pending:
+                    trash = self.local.path(s).with_name(f".{self.local.path(s).name}.rolled-back.deleting")
+                    os.rename(self.local.path(s), trash)
+                    shutil.rmtree(trash, ignore_errors=True)
+                    dropped.append(s)
+        self._barrier()
+        self.saved = [s for s in self.saved if s <= step]
+        self._next_save = None
+        self._mark = None
+        return dropped
+
+    def close(self, *, wait: bool = True) -> None:
+        """Wait for the commit in flight, then the uploads (forever when `wait`: a committed step is never
+        abandoned), then stop."""
+        if self._committer is not None:
+            try:
+                self._settle()
+            finally:
+                self._committer.shutdown(wait=True)
+                self._committer = None
+        if self.uploader is not None:
+            pending = sorted(self.uploader.pending())
+            if pending and wait:
+                self._event({"event": "upload_wait", "steps": pending})
+            while wait and not self.uploader.flush(timeout=1.0):
+                self.drain()  # the retries show while the run waits
+            self.uploader.close(None if wait else 0)
+            self.uploader = None
+            if wait:  # the steps local retention kept for their uploads can go now
+                self.local.retain(self.cfg.keep_last, self.cfg.keep_every)
+        self.drain()
+
+    def drain(self) -> None:
+        while self._events:
+            self.on_event(self._events.popleft())
+
+    # -- plumbing --------------------------------------------------------------------------------
+
+    def _event(self, record: dict) -> None:
+        self.drain()
+        self.on_event(record)
+
+    def _barrier(self) -> None:
+        if self.world_size > 1:
+            torch_dist.barrier()
+
+    def _broadcast(self, obj):
+        if self.world_size == 1:
+            return obj
+        box = [obj]
+        torch_dist.broadcast_object_list(box, src=0)
+        return box[0]
