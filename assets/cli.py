@@ -7,6 +7,7 @@
     pretrain plan        [--recipe R] [--model JSON_OR_PATH] [--tokens N] [--device h100] [--mfu 0.4]
                          [--tp 1] [--pp 1] [--dp 8] [--zero 3] [--micro-batches M]
     pretrain lineage CHECKPOINT_URI [--json] [--no-check]
+    pretrain export CHECKPOINT_URI DIR [--tokenizer tokenizer.json]
 
 ASSET is an asset key path (`curation/web/raw_crawl`) or, with --source, the stage name (`raw_crawl`).
 SEL is a comma-separated list of asset key paths or fnmatch patterns (`curation/*/raw_crawl`); a leading
@@ -73,6 +74,12 @@ def _parser() -> argparse.ArgumentParser:
     cmd.add_argument("--json", action="store_true", help="print the lineage records as JSON")
     cmd.add_argument("--no-check", action="store_true", help="do not cross-check with the Dagster instance")
     cmd.set_defaults(command=_lineage)
+
+    cmd = sub.add_parser("export", help="write a checkpoint as a Hugging Face Llama model (config, safetensors, tokenizer)")
+    cmd.add_argument("checkpoint", help="a committed checkpoint step folder: path, file:// or s3://")
+    cmd.add_argument("out_dir", help="the folder to write")
+    cmd.add_argument("--tokenizer", help="tokenizer.json (default: the tokenizer output its lineage names, from the store)")
+    cmd.set_defaults(command=_export)
 
     cmd = add("plan", _plan, "parameters, FLOPs, GPU-hours and memory per GPU of each training stage")
     cmd.add_argument("--model", help="model config as inline JSON, or a JSON file (a model config or a run.json)")
@@ -338,6 +345,44 @@ def _lineage(args) -> int:
     if not problems:
         print(f"  cross-checked against the Dagster instance at {home}: every output is there", file=sys.stderr)
     return 1 if problems else 0
+
+
+def _export(args) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from resources.store import StoreError
+    from trainer.checkpoint_store import CorruptCheckpoint
+
+    with tempfile.TemporaryDirectory(prefix="pretrain-export-") as tmp:
+        try:
+            from trainer.weights import local_step
+
+            step_folder = local_step(args.checkpoint, Path(tmp) / "steps")
+            from trainer.export import export_hf_llama
+            from trainer.weights import checkpoint_weights, model_config
+
+            state, manifest = checkpoint_weights(step_folder)
+            tokenizer = args.tokenizer or _lineage_tokenizer(manifest, Path(tmp))
+            cfg = model_config(manifest)
+            out = export_hf_llama(state, cfg, args.out_dir, tokenizer=tokenizer,
+                                  seq_len=manifest["config"]["batch"]["seq_len"])
+        except (StoreError, ValueError, OSError, CorruptCheckpoint) as exc:  # ExportError is a ValueError
+            raise UsageError(f"{args.checkpoint}: {exc}") from None
+    print(out)
+    return 0
+
+
+def _lineage_tokenizer(manifest: dict, tmp):
+    from assets.home import store_url
+    from resources.store import open_store
+
+    entry = next((e for e in manifest.get("lineage") or [] if e.get("asset") == "tokenization/tokenizer"), None)
+    if entry is None:
+        raise ValueError("its lineage names no tokenizer output; give --tokenizer tokenizer.json")
+    path = tmp / "tokenizer.json"
+    open_store(store_url()).download(f"{entry['prefix']}/tokenizer.json", path)
+    return path
 
 
 def _plan(args) -> int:

@@ -181,3 +181,88 @@ def canary_loss(model, tokens: torch.Tensor, *, device: torch.device | str = "cp
     tokens = tokens.to(device)
     logits = model(tokens[:, :-1]).float()
     return float(F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()))
+
+
+def evaluate_checkpoint(step_folder: str | Path, *, tokenizer: str | Path, benchmarks: str | Path, tasks: list[str],
+                        limit: int | None, val: dict[str, str], val_sequences: int, canary: str | Path | None,
+                        canary_sequences: int, batch_size: int = 8) -> dict:
+    """Everything the evaluation asset reports for one checkpoint step (CPU or the first CUDA device)."""
+    from tokenizers import Tokenizer
+
+    from trainer.data import DataConfig, MixtureDataset
+    from trainer.model import Transformer
+    from trainer.weights import checkpoint_weights, model_config
+
+    state, manifest = checkpoint_weights(step_folder)
+    cfg = model_config(manifest)
+    seq_len = manifest["config"]["batch"]["seq_len"]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = Transformer(cfg)
+    model.load_state_dict({k.removeprefix("transformer."): v for k, v in state.items()})
+    model = model.to(device).eval()
+    tok = Tokenizer.from_file(str(tokenizer))
+    results: dict = {"step": manifest["step"], "tokens": manifest.get("tokens"), "seq_len": seq_len}
+
+    with torch.no_grad():
+        per_domain = {}
+        for name, folder in sorted(val.items()):
+            source = MixtureDataset(DataConfig(shards={name: folder}, weights={name: 1.0}, seq_len=seq_len,
+                                               seed=0, split="val", shuffle=False))
+            total, n = 0.0, 0
+            for start in range(0, val_sequences, batch_size):
+                batch = source.batch(list(range(start, min(start + batch_size, val_sequences))))
+                t = {k: torch.as_tensor(batch[k]).to(device) for k in ("tokens", "doc_ids", "positions")}
+                logits = model(t["tokens"][:, :-1], doc_ids=t["doc_ids"][:, :-1], positions=t["positions"][:, :-1])
+                ce = F.cross_entropy(logits.float().flatten(0, 1), t["tokens"][:, 1:].flatten())
+                total += float(ce) * len(batch["indices"])
+                n += len(batch["indices"])
+            per_domain[name] = total / n
+        results["val_loss"] = per_domain
+
+        if canary is not None:
+            ids = tok.encode(Path(canary).read_text(encoding="utf-8"), add_special_tokens=False).ids
+            width = seq_len + 1
+            rows = [ids[i * width:(i + 1) * width] for i in range(min(canary_sequences, len(ids) // width))]
+            if not rows:
+                raise ValueError(f"{canary}: shorter than one sequence of {width} tokens")
+            results["canary_loss"] = canary_loss(model, torch.tensor(rows), device=device)
+
+    results["zero_shot"] = zero_shot(model, tok, tasks, benchmarks, limit=limit, max_len=seq_len,
+                                     batch_size=batch_size, device=device)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m trainer.evaluate --checkpoint STEP --tokenizer T --benchmarks DIR --out results.json ..."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=main.__doc__)
+    parser.add_argument("--checkpoint", required=True, help="a committed checkpoint step folder")
+    parser.add_argument("--tokenizer", required=True)
+    parser.add_argument("--benchmarks", required=True, help="the folder of benchmark files")
+    parser.add_argument("--tasks", default=",".join(TASKS))
+    parser.add_argument("--limit", type=int, default=None, help="items per task")
+    parser.add_argument("--val", action="append", default=[], metavar="NAME=FOLDER", help="a packed output's held-out split")
+    parser.add_argument("--val-sequences", type=int, default=16)
+    parser.add_argument("--canary", help="a fixed text whose loss is tracked across checkpoints")
+    parser.add_argument("--canary-sequences", type=int, default=8)
+    parser.add_argument("--out", required=True, help="results.json to write")
+    args = parser.parse_args(argv)
+    try:
+        val = dict(item.split("=", 1) for item in args.val)
+        results = evaluate_checkpoint(args.checkpoint, tokenizer=args.tokenizer, benchmarks=args.benchmarks,
+                                      tasks=[t for t in args.tasks.split(",") if t], limit=args.limit, val=val,
+                                      val_sequences=args.val_sequences, canary=args.canary,
+                                      canary_sequences=args.canary_sequences)
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    Path(args.out).write_text(json.dumps(results, indent=1))
+    for name, r in results["zero_shot"].items():
+        print(f"{name}: {r['metric']} {r.get(r['metric'], float('nan')):.3f} (n {r['n']})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -100,3 +100,45 @@ def test_canary_loss_is_the_mean_cross_entropy():
     with torch.no_grad():
         expected = F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
     assert canary_loss(model, tokens) == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_a_checkpoint_is_evaluated_by_the_module_entry_point(tmp_path):
+    """Train a few steps on real packed math, checkpoint, then `python -m trainer.evaluate`'s main()."""
+    import json
+    import os
+
+    from pipelines.tokenize import PackingConfig, TokenizerConfig, adopt_tokenizer, pack_documents
+    from resources.store import commit_folder, open_store
+    from trainer.config import RunConfig, from_dict
+    from trainer.evaluate import main
+    from trainer.train import Trainer
+
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    lines = (SHARED_DATA / "math" / "gsm8k_train.jsonl").read_text().splitlines()[:400]
+    docs = [{"id": f"m{i}", "text": f"{d['question']}\n\n{d['answer']}"} for i, d in enumerate(map(json.loads, lines))]
+    tokenizer = adopt_tokenizer(SHARED_DATA / "tokenizers" / "gpt2" / "tokenizer.json", TokenizerConfig())
+    stats = pack_documents(docs, tokenizer, eos_id=50256, out_dir=tmp_path / "work",
+                           config=PackingConfig(val_fraction=0.1))
+    commit_folder(open_store(tmp_path / "store"), "math", tmp_path / "work",
+                  {"asset": "tokenization/math/packed", "packing": stats.manifest_section()})
+    shards = {"math": str(tmp_path / "store" / "math")}
+    cfg = from_dict(RunConfig, {
+        "data": {"shards": shards}, "train_tokens": 4 * 8 * 64, "output_dir": str(tmp_path / "out"),
+        "model": {"vocab_size": VOCAB, "d_model": 32, "n_layers": 1, "n_heads": 2},
+        "batch": {"global_batch": 8, "micro_batch": 8, "seq_len": 64},
+        "metrics": {"log_interval": 2, "eval_batches": 1, "tensorboard": False}})
+    summary = Trainer(cfg).fit()
+    out = tmp_path / "results.json"
+    assert main(["--checkpoint", str(tmp_path / "out" / "checkpoints" / "step-00000004"),
+                 "--tokenizer", str(SHARED_DATA / "tokenizers" / "gpt2" / "tokenizer.json"),
+                 "--benchmarks", str(BENCH), "--tasks", "arc_easy,lambada", "--limit", "6", "--val-sequences", "8",
+                 "--val", f"math={shards['math']}", "--canary", str(BENCH / "wikitext-2-test.txt"),
+                 "--out", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert results["step"] == 4 and results["seq_len"] == 64
+    # The trainer's own held-out loss and the evaluator's come from the same model, data and split.
+    assert results["val_loss"]["math"] == pytest.approx(summary["val_loss"]["math"], abs=0.05)
+    assert 0 < results["canary_loss"] < 12
+    assert results["zero_shot"]["arc_easy"]["n"] == 6 and results["zero_shot"]["lambada"]["n"] == 6
+    assert main(["--checkpoint", str(tmp_path / "nothing" / "step-00000001"), "--tokenizer", "x",
+                 "--benchmarks", str(BENCH), "--out", str(out)]) == 2

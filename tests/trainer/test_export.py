@@ -39,3 +39,36 @@ def test_a_model_llama_cannot_express_is_refused():
     cfg = ModelConfig(**{**CFG.__dict__, "qk_norm": True})
     with pytest.raises(ExportError, match="qk_norm"):
         export_hf_llama(CausalLM(cfg).state_dict(), cfg, "/nonexistent")
+
+
+def test_pretrain_export_turns_a_zero_checkpoint_into_the_same_model(tmp_path, capsys):
+    """ZeRO-1 bf16 run -> checkpoint -> `pretrain export`: HF's logits are those of the fp32 master weights."""
+    import transformers
+
+    from assets.cli import main
+    from tests.trainer.conftest import run_dict
+    from trainer.config import RunConfig, from_dict
+    from trainer.train import Trainer
+    from trainer.weights import checkpoint_weights
+
+    cfg = from_dict(RunConfig, run_dict(tmp_path / "out", train_tokens=3 * 8 * 64,
+                                        deepspeed={"zero_stage": 1, "bf16": True}))
+    Trainer(cfg).fit()  # save_final: a committed step-3
+    step = tmp_path / "out" / "checkpoints" / "step-00000003"
+    assert main(["export", str(step), str(tmp_path / "hf"), "--tokenizer",
+                 str(SHARED_DATA / "tokenizers" / "gpt2" / "tokenizer.json")]) == 0
+    state, manifest = checkpoint_weights(step)
+    model = CausalLM(cfg.model).eval()
+    model.load_state_dict(state)  # every parameter, by name, in fp32
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf", torch_dtype=torch.float32).eval()
+    tokens = torch.randint(0, cfg.model.vocab_size, (1, 64))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(tokens).logits, model.transformer(tokens), rtol=1e-4, atol=1e-4)
+    # A step folder that is not one, or a corrupt one, is refused by name.
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "out"), str(tmp_path / "hf2")]) == 2
+    assert "step folder" in capsys.readouterr().err
+    shard = next((step / "ds").glob("*optim_states.pt"))
+    shard.write_bytes(shard.read_bytes()[:-10])
+    assert main(["export", str(step), str(tmp_path / "hf3"), "--tokenizer", "x"]) == 2
+    assert "corrupt" in capsys.readouterr().err
