@@ -12,7 +12,7 @@ export HF_HUB_OFFLINE := 1
 export DS_ACCELERATOR := cpu
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.pretrain/torch_extensions
 
-.PHONY: demo test ui bench install clean
+.PHONY: demo test ui bench install clean system-deps
 
 install: $(STAMP)
 
@@ -26,6 +26,15 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
 
+# Debian packages the tests use, installed only when missing: PostgreSQL 15 (tests/assets/test_postgres.py
+# starts its own server) and chromium (tests/ui drives it with playwright, which never downloads a browser).
+system-deps:
+	@missing=""; \
+	command -v /usr/lib/postgresql/15/bin/initdb >/dev/null || missing="$$missing postgresql-15"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	[ -z "$$missing" ] || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); echo "installing$$missing"; \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; }
+
 demo: $(STAMP)
 	$(BIN)/pretrain materialize
 	@echo
@@ -36,7 +45,7 @@ demo: $(STAMP)
 	@echo "  $(BIN)/pretrain where curation/web/raw_crawl"
 	@echo "  $(BIN)/pretrain docs raw_crawl --source web --limit 3"
 
-test: $(STAMP)
+test: system-deps $(STAMP)
 	$(BIN)/python -m pytest -q
 
 ui: $(STAMP)

@@ -2,25 +2,104 @@
 
     stats_path = executor.run(steps, logging_dir=work / "logs", tasks=2)
 
-kind "local" (the default) runs datatrove's LocalPipelineExecutor on this machine. With one worker it runs the
-tasks in this process, one after another (no process start-up, no pickling of the steps); with more it uses a
-forkserver pool, which needs the `if __name__ == "__main__":` guard in any script that ends up here (STACK.md).
-Slurm and Ray are further kinds of this one resource, so moving a stage to a cluster changes no asset code.
+One method for every kind, so moving a stage to a cluster changes no asset code:
+
+- `local` (the default) runs datatrove's LocalPipelineExecutor on this machine. With one worker it runs the tasks
+  in this process, one after another (no process start-up, no pickling of the steps); with more it uses a
+  forkserver pool, which needs the `if __name__ == "__main__":` guard in any script that ends up here (STACK.md).
+- `ray` runs datatrove's RayPipelineExecutor on the Ray cluster at `ray_address` (None: a one-node cluster
+  started in this process), `workers` tasks at once, each reserving `cpus_per_task` CPUs.
+- `slurm` submits datatrove's SlurmPipelineExecutor (an sbatch job array on `slurm_partition`, then the job
+  that merges the stats) and waits for it. Run it from a login node whose filesystem the compute nodes share:
+  logging_dir and the pipeline's input and output folders must be visible from the nodes.
+
+Every kind leaves the same files for the same steps and task count (tests/resources/test_executor.py compares
+manifests on local and Ray), and every kind returns the run's merged stats.json.
+`ExecutorResource.from_env()` is the environment mapping that definitions.py uses (PRETRAIN_EXECUTOR, ...).
 """
 
 from __future__ import annotations
 
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Mapping
 
 from dagster import ConfigurableResource
 
+KINDS = ("local", "ray", "slurm")
+
 
 class ExecutorResource(ConfigurableResource):
-    """How datatrove pipelines run: `local` (tasks in this process or a worker pool)."""
+    """How datatrove pipelines run: `local`, `ray` or `slurm` (see the module doc)."""
 
-    kind: Literal["local"] = "local"
-    workers: int = 1  # processes running tasks at once; 1 = in this process
+    kind: Literal["local", "ray", "slurm"] = "local"
+    workers: int = 1  # tasks running at once; local: 1 = in this process; ray/slurm: -1 = no limit
+    cpus_per_task: int = 1  # ray and slurm: CPUs reserved for each task
+    mem_per_cpu_gb: float = 2.0  # ray and slurm: memory reserved per CPU
+    ray_address: str | None = None  # "HOST:PORT" of the cluster's head, "auto", or None for an in-process cluster
+    slurm_partition: str | None = None  # required for kind "slurm"
+    slurm_time: str = "12:00:00"  # sbatch --time of each task
+    slurm_job_name: str = "pretrain"
+    slurm_qos: str | None = None  # sbatch --qos; None leaves the cluster's default
+    slurm_env_command: str | None = None  # run before each task; default: activate the venv running this process
+    slurm_sbatch_args: dict[str, str] = {}  # further #SBATCH lines, e.g. {"account": "llm"}
+    slurm_poll_seconds: float = 30.0  # how often squeue is asked whether the job array is still there
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "ExecutorResource":
+        """The resource as the environment configures it: PRETRAIN_EXECUTOR=local|ray|slurm and its settings.
+
+        PRETRAIN_EXECUTOR_WORKERS, PRETRAIN_EXECUTOR_CPUS_PER_TASK, PRETRAIN_EXECUTOR_MEM_PER_CPU_GB,
+        PRETRAIN_RAY_ADDRESS, PRETRAIN_SLURM_PARTITION, PRETRAIN_SLURM_TIME, PRETRAIN_SLURM_JOB_NAME,
+        PRETRAIN_SLURM_QOS, PRETRAIN_SLURM_ENV_COMMAND, PRETRAIN_SLURM_ACCOUNT (an #SBATCH --account line)."""
+        env = os.environ if env is None else env
+        kind = env.get("PRETRAIN_EXECUTOR") or "local"
+        if kind not in KINDS:
+            raise ValueError(f"PRETRAIN_EXECUTOR: {kind!r} is not one of {', '.join(KINDS)}")
+
+        def number(name: str, default, type_):
+            raw = env.get(name)
+            if not raw:
+                return default
+            try:
+                return type_(raw)
+            except ValueError:
+                raise ValueError(f"{name}: {raw!r} is not a{'n integer' if type_ is int else ' number'}") from None
+
+        fields = {
+            "kind": kind,
+            "workers": number("PRETRAIN_EXECUTOR_WORKERS", 1 if kind == "local" else -1, int),
+            "cpus_per_task": number("PRETRAIN_EXECUTOR_CPUS_PER_TASK", 1, int),
+            "mem_per_cpu_gb": number("PRETRAIN_EXECUTOR_MEM_PER_CPU_GB", 2.0, float),
+            "ray_address": env.get("PRETRAIN_RAY_ADDRESS") or None,
+            "slurm_partition": env.get("PRETRAIN_SLURM_PARTITION") or None,
+            "slurm_qos": env.get("PRETRAIN_SLURM_QOS") or None,
+            "slurm_env_command": env.get("PRETRAIN_SLURM_ENV_COMMAND") or None,
+        }
+        for field, name in (("slurm_time", "PRETRAIN_SLURM_TIME"), ("slurm_job_name", "PRETRAIN_SLURM_JOB_NAME")):
+            if env.get(name):
+                fields[field] = env[name]
+        if env.get("PRETRAIN_SLURM_ACCOUNT"):
+            fields["slurm_sbatch_args"] = {"account": env["PRETRAIN_SLURM_ACCOUNT"]}
+        resource = cls(**fields)
+        resource.validate()
+        return resource
+
+    def validate(self) -> None:
+        """Refuse a configuration that cannot run, naming the field (before any work starts)."""
+        if self.workers < 1 and not (self.workers == -1 and self.kind != "local"):
+            raise ValueError(f"executor.workers: must be >= 1 (or -1 for no limit with ray/slurm), got {self.workers}")
+        if self.cpus_per_task < 1:
+            raise ValueError(f"executor.cpus_per_task: must be >= 1, got {self.cpus_per_task}")
+        if self.mem_per_cpu_gb <= 0:
+            raise ValueError(f"executor.mem_per_cpu_gb: must be > 0, got {self.mem_per_cpu_gb}")
+        if self.kind == "slurm" and not self.slurm_partition:
+            raise ValueError("executor.slurm_partition: required for kind 'slurm' (PRETRAIN_SLURM_PARTITION)")
 
     def run(self, pipeline: list, *, logging_dir: str | Path, tasks: int = 1) -> Path:
         """Run the steps as `tasks` datatrove tasks (each reads its share of the input files).
@@ -29,8 +108,7 @@ class ExecutorResource(ConfigurableResource):
         reads its counts from whatever the kind."""
         if tasks < 1:
             raise ValueError(f"executor: tasks must be >= 1, got {tasks}")
-        if self.workers < 1:
-            raise ValueError(f"executor: workers must be >= 1, got {self.workers}")
+        self.validate()
         logging_dir = Path(logging_dir)
         if self.kind == "local":
             from datatrove.executor import LocalPipelineExecutor
@@ -43,9 +121,93 @@ class ExecutorResource(ConfigurableResource):
                 skip_completed=False,  # every call is a fresh output folder: never resume a stale one
             )
             executor.run()
+        elif self.kind == "ray":
+            self._run_on_ray(self.ray_executor(pipeline, logging_dir=logging_dir, tasks=tasks))
+        elif self.kind == "slurm":
+            self._run_on_slurm(self.slurm_executor(pipeline, logging_dir=logging_dir, tasks=tasks), logging_dir)
         else:  # pragma: no cover - pydantic refuses other kinds
             raise ValueError(f"executor: unknown kind {self.kind!r}")
         stats = logging_dir / "stats.json"
         if not stats.is_file():
-            raise RuntimeError(f"executor: the run left no {stats}; see the task logs in {logging_dir}/logs")
+            raise RuntimeError(f"executor ({self.kind}): the run left no {stats}; see the task logs in {logging_dir}/logs")
         return stats
+
+    # -- Ray ---------------------------------------------------------------------------------------------------
+    def ray_executor(self, pipeline: list, *, logging_dir: str | Path, tasks: int):
+        from datatrove.executor import RayPipelineExecutor
+
+        return RayPipelineExecutor(
+            pipeline,
+            tasks=tasks,
+            workers=tasks if self.workers == -1 else min(self.workers, tasks),
+            logging_dir=str(logging_dir),
+            skip_completed=False,
+            cpus_per_task=self.cpus_per_task,
+            mem_per_cpu_gb=self.mem_per_cpu_gb,
+        )
+
+    def _run_on_ray(self, executor) -> None:
+        import ray
+
+        # Connect only when this process is not a Ray driver already, and then disconnect after the run: a
+        # stage run inside someone else's Ray session must not end it.
+        connected_here = not ray.is_initialized()
+        if connected_here:
+            ray.init(address=self.ray_address, include_dashboard=False, log_to_driver=False)
+        try:
+            executor.run()
+        finally:
+            if connected_here:
+                ray.shutdown()
+
+    # -- Slurm -------------------------------------------------------------------------------------------------
+    def slurm_executor(self, pipeline: list, *, logging_dir: str | Path, tasks: int):
+        """The SlurmPipelineExecutor for this configuration (nothing is submitted until its run())."""
+        from datatrove.executor import SlurmPipelineExecutor
+
+        sbatch_args = dict(self.slurm_sbatch_args)
+        mem = self.mem_per_cpu_gb
+        if not float(mem).is_integer():  # datatrove writes "<int>G": give a fraction in megabytes instead
+            sbatch_args.setdefault("mem-per-cpu", f"{math.ceil(mem * 1024)}M")
+        logging_dir = Path(logging_dir)
+        return SlurmPipelineExecutor(
+            pipeline,
+            tasks=tasks,
+            workers=self.workers,
+            time=self.slurm_time,
+            partition=self.slurm_partition,
+            cpus_per_task=self.cpus_per_task,
+            mem_per_cpu_gb=max(1, int(mem)),
+            job_name=self.slurm_job_name,
+            qos=self.slurm_qos,
+            # The compute nodes run the same environment, from the shared filesystem.
+            env_command=self.slurm_env_command or f"source {Path(sys.prefix) / 'bin' / 'activate'}",
+            sbatch_args=sbatch_args,
+            logging_dir=str(logging_dir),
+            slurm_logs_folder=str(logging_dir / "slurm_logs"),
+            skip_completed=False,
+        )
+
+    def _run_on_slurm(self, executor, logging_dir: Path) -> None:
+        if shutil.which("sbatch") is None:
+            raise RuntimeError("executor (slurm): sbatch is not on PATH; run from a Slurm login node, or set kind 'local'")
+        executor.run()  # sbatch: the job array, then a job that merges the stats once the array succeeded
+        # datatrove returns once submitted; a stage needs the outputs, so wait for the array to leave the queue.
+        while _squeue_has(executor.job_id):
+            time.sleep(self.slurm_poll_seconds)
+        missing = executor.get_incomplete_ranks(skip_completed=True)
+        if missing:
+            raise RuntimeError(f"executor (slurm): job {executor.job_id} ended with tasks {missing[:10]} incomplete; "
+                               f"see {executor.slurm_logs_folder}")
+        # The stats job starts after the array (afterok); give it the time one poll cycle allows, several times.
+        for _ in range(20):
+            if (logging_dir / "stats.json").is_file():
+                return
+            time.sleep(self.slurm_poll_seconds)
+
+
+def _squeue_has(job_id) -> bool:
+    """Whether Slurm still lists any task of the job (pending or running)."""
+    result = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%i"], capture_output=True, text=True)
+    # squeue exits non-zero with "Invalid job id" once a finished job has been purged from its memory.
+    return result.returncode == 0 and bool(result.stdout.strip())

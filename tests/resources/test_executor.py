@@ -1,0 +1,222 @@
+"""The executor resource: the same curation assets on the local executor and on a Ray cluster give the same
+files; the Slurm kind builds the job datatrove would submit.
+
+The Ray cluster is real: `ray start --head` on 127.0.0.1 with 2 CPUs, in its own process group, stopped after.
+No Slurm cluster exists here: the Slurm test stops at the `sbatch` call (a stand-in on PATH that records the
+script it is handed and refuses it), so the script, the pickled executor and the configuration are checked,
+and the waiting for a real job is not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dill
+import pytest
+import yaml
+
+from assets.cli import main
+from assets.recipe import DEMO_RECIPE
+from resources.executor import ExecutorResource
+
+BIN = Path(sys.executable).parent
+# Two small real sources (40 + 30 JSONL documents) in 20-document parts: each filter stage runs as 2 tasks.
+SOURCES = {
+    "c4": ["jsonl/olmo_c4*.json.gz", "jsonl/olmo_c4_100_domains_theguardian.jsonl.gz"],
+    "dolma": ["jsonl/dolma_*"],
+}
+STAGE = "curation/*/raw_crawl,curation/*/filtered"
+
+
+def write_recipe(path: Path) -> None:
+    raw = yaml.safe_load(DEMO_RECIPE.read_text())
+    c4 = next(s for s in raw["sources"] if s["name"] == "c4")
+    sources = []
+    for name, inputs in SOURCES.items():
+        sources.append({
+            "name": name, "format": "jsonl", "inputs": inputs, "reader": {"docs_per_shard": 20},
+            "filter": {**c4["filter"], "tasks": 4},
+        })
+    path.write_text(yaml.safe_dump({
+        "name": "executors", "base_dir": str((DEMO_RECIPE.parent / raw["base_dir"]).resolve()), "sources": sources,
+    }, sort_keys=False))
+
+
+def committed(home: Path) -> dict[str, dict]:
+    """{asset path: manifest} of every output in a PRETRAIN_HOME's store."""
+    out = {}
+    for path in (home / "store").rglob("manifest.json"):
+        manifest = json.loads(path.read_text())
+        out[manifest["asset"]] = manifest
+    return out
+
+
+def stamped_out(home: Path, manifest: dict) -> dict[str, str]:
+    """{file: sha256 of its bytes with the gzip header's mtime zeroed} of one committed output."""
+    folder = home / "store" / manifest["asset"] / manifest["version_key"]
+    out = {}
+    for entry in manifest["files"]:
+        data = (folder / entry["path"]).read_bytes()
+        assert data[:3] == b"\x1f\x8b\x08", entry["path"]  # one gzip member, deflate
+        out[entry["path"]] = hashlib.sha256(data[:4] + bytes(4) + data[8:]).hexdigest()
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def ray_cluster(tmp_path, monkeypatch):
+    """A one-node Ray cluster on loopback with 2 worker CPUs; yields its address."""
+    # Ray takes the first non-loopback interface for its node address (it turns --node-ip-address 127.0.0.1
+    # into that); with "clusters" off it keeps the loopback address, so nothing leaves 127.0.0.1. The
+    # variable is for `ray start` and its workers; the attribute for this process, where Ray may be imported.
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    ray_constants = pytest.importorskip("ray._private.ray_constants")
+    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
+    port = free_port()
+    temp = Path("/tmp") / f"ray-{os.getpid()}-{port}"  # Ray's socket paths must stay short
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    log = tmp_path / "ray-start.log"
+    with open(log, "w") as out:
+        head = subprocess.Popen(
+            [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
+             "--num-cpus", "2", "--include-dashboard", "false", "--disable-usage-stats",
+             # Free ports for the services that otherwise take fixed ones (8265, 10001).
+             "--dashboard-port", str(free_port()), "--ray-client-server-port", str(free_port()),
+             "--object-store-memory", str(100 * 2**20), "--temp-dir", str(temp)],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,  # its own group, killed after
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while "Ray runtime started" not in log.read_text():
+            assert head.poll() is None and time.monotonic() < deadline, f"ray start failed:\n{log.read_text()[-3000:]}"
+            time.sleep(0.5)
+        yield f"127.0.0.1:{port}"
+    finally:
+        # The whole group: `ray start` and the GCS, raylet and workers it started (its SIGTERM clean-up takes
+        # over 20 s here, and nothing of the cluster is kept).
+        try:
+            os.killpg(head.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        head.wait()
+        subprocess.run(["rm", "-rf", str(temp)])
+
+
+@pytest.mark.slow  # ~40 s: Ray start-up, then the two sources ingested and filtered twice
+def test_local_and_ray_executors_commit_identical_outputs(tmp_path, monkeypatch, capsys, ray_cluster):
+    recipe = tmp_path / "recipe.yaml"
+    write_recipe(recipe)
+    monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
+    runs = {}
+    for kind in ("local", "ray"):
+        home = tmp_path / kind
+        monkeypatch.setenv("PRETRAIN_HOME", str(home))
+        monkeypatch.setenv("DAGSTER_HOME", str(home / "dagster"))
+        monkeypatch.setenv("PRETRAIN_EXECUTOR", kind)
+        if kind == "ray":
+            monkeypatch.setenv("PRETRAIN_RAY_ADDRESS", ray_cluster)
+            monkeypatch.setenv("PRETRAIN_EXECUTOR_WORKERS", "2")
+            monkeypatch.setenv("PRETRAIN_EXECUTOR_MEM_PER_CPU_GB", "0.5")
+        assert main(["materialize", "--select", STAGE]) == 0, capsys.readouterr().err[-3000:]
+        runs[kind] = committed(home)
+
+    local, ray = runs["local"], runs["ray"]
+    assert set(local) == set(ray) == {f"curation/{s}/{stage}" for s in SOURCES for stage in ("raw_crawl", "filtered")}
+    for asset in local:
+        assert ray[asset]["version_key"] == local[asset]["version_key"], asset
+        assert [(f["path"], f.get("records")) for f in ray[asset]["files"]] == [(f["path"], f.get("records")) for f in local[asset]["files"]]
+        assert ray[asset]["counts"] == local[asset]["counts"], asset
+        if asset.endswith("/raw_crawl"):  # written by our own byte-reproducible writer
+            assert ray[asset]["data_version"] == local[asset]["data_version"], asset
+        # Byte for byte, except the time stamp datatrove's JsonlWriter puts in each gzip header (bytes 4-8),
+        # which makes the filtered files' sha256 (so their data_version) differ between any two runs, even two
+        # local ones. Measured: nothing else differs.
+        assert stamped_out(tmp_path / "ray", ray[asset]) == stamped_out(tmp_path / "local", local[asset]), asset
+    # The filter stage really ran as several tasks: one kept part per task, and something was kept and dropped.
+    for source in SOURCES:
+        manifest = ray[f"curation/{source}/filtered"]
+        assert len([f for f in manifest["files"] if f["path"].startswith("part-")]) >= 2
+        assert manifest["counts"]["kept"] > 0 and manifest["counts"]["in"] > manifest["counts"]["kept"]
+
+
+def test_executor_kind_and_settings_come_from_the_environment():
+    assert ExecutorResource.from_env({}) == ExecutorResource(kind="local", workers=1)
+    ray = ExecutorResource.from_env({"PRETRAIN_EXECUTOR": "ray", "PRETRAIN_RAY_ADDRESS": "10.0.0.5:6379"})
+    assert (ray.kind, ray.ray_address, ray.workers) == ("ray", "10.0.0.5:6379", -1)
+    slurm = ExecutorResource.from_env({
+        "PRETRAIN_EXECUTOR": "slurm", "PRETRAIN_SLURM_PARTITION": "cpu", "PRETRAIN_SLURM_ACCOUNT": "llm",
+        "PRETRAIN_EXECUTOR_CPUS_PER_TASK": "4",
+    })
+    assert (slurm.slurm_partition, slurm.slurm_sbatch_args, slurm.cpus_per_task) == ("cpu", {"account": "llm"}, 4)
+    with pytest.raises(ValueError, match="PRETRAIN_EXECUTOR: 'spark'"):
+        ExecutorResource.from_env({"PRETRAIN_EXECUTOR": "spark"})
+    with pytest.raises(ValueError, match="slurm_partition"):
+        ExecutorResource.from_env({"PRETRAIN_EXECUTOR": "slurm"})
+    with pytest.raises(ValueError, match="PRETRAIN_EXECUTOR_WORKERS: 'two'"):
+        ExecutorResource.from_env({"PRETRAIN_EXECUTOR_WORKERS": "two"})
+
+
+def test_slurm_kind_builds_the_job_array_datatrove_submits(tmp_path, monkeypatch):
+    """Everything up to sbatch: the executor's settings, the script and the pickled pipeline the nodes load."""
+    from datatrove.executor import SlurmPipelineExecutor
+    from datatrove.pipeline.readers import JsonlReader
+    from datatrove.pipeline.writers import JsonlWriter
+
+    # The stand-in sbatch keeps what it is given and refuses it, as a cluster without this partition would.
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "sbatch").write_text(
+        f'#!/bin/sh\necho "$@" > {tmp_path}/sbatch.args\nfor last; do :; done\ncat "$last" > {tmp_path}/sbatch.script\n'
+        'echo "sbatch: error: invalid partition specified" >&2\nexit 1\n'
+    )
+    (fake_bin / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake_bin}:{os.environ['PATH']}")
+
+    resource = ExecutorResource(kind="slurm", slurm_partition="cpu-long", slurm_job_name="curation-filter",
+                                workers=8, cpus_per_task=2, mem_per_cpu_gb=1.5, slurm_time="02:00:00",
+                                slurm_sbatch_args={"account": "llm"})
+    logs = tmp_path / "logs"
+    pipeline = [JsonlReader(str(tmp_path / "in")), JsonlWriter(str(tmp_path / "out"))]
+    executor = resource.slurm_executor(pipeline, logging_dir=logs, tasks=40)
+    assert isinstance(executor, SlurmPipelineExecutor)
+    assert (executor.partition, executor.tasks, executor.workers, executor.job_name) == ("cpu-long", 40, 8, "curation-filter")
+    assert executor.cpus_per_task == 2 and executor.time == "02:00:00" and not executor.skip_completed
+
+    with pytest.raises(subprocess.CalledProcessError):
+        resource.run(pipeline, logging_dir=logs, tasks=40)
+
+    script = (tmp_path / "sbatch.script").read_text()
+    directives = dict(line[len("#SBATCH --"):].partition("=")[::2] for line in script.splitlines()
+                      if line.startswith("#SBATCH --"))
+    assert directives["partition"] == "cpu-long" and directives["job-name"] == "curation-filter"
+    assert directives["array"] == "0-39%8"  # 40 tasks, 8 at once
+    assert directives["cpus-per-task"] == "2" and directives["mem-per-cpu"] == "1536M"
+    assert directives["time"] == "02:00:00" and directives["account"] == "llm"
+    assert f"source {Path(sys.prefix) / 'bin' / 'activate'}" in script  # the nodes run this same venv
+    assert f"launch_pickled_pipeline {logs / 'executor.pik'}" in script
+    assert "--export=ALL,RUN_OFFSET=0" in (tmp_path / "sbatch.args").read_text()
+    # What each array task loads: this pipeline, this task count; and the ranks it may run.
+    with open(logs / "executor.pik", "rb") as f:
+        loaded = dill.load(f)
+    assert [type(step) for step in loaded.pipeline] == [JsonlReader, JsonlWriter] and loaded.world_size == 40
+    assert json.loads((logs / "ranks_to_run.json").read_text()) == list(range(40))
+
+
+def test_slurm_without_sbatch_says_where_to_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch anywhere
+    resource = ExecutorResource(kind="slurm", slurm_partition="cpu")
+    with pytest.raises(RuntimeError, match="sbatch is not on PATH"):
+        resource.run([], logging_dir=tmp_path / "logs", tasks=1)
