@@ -9,6 +9,7 @@ import shutil
 
 from dagster import AssetExecutionContext, AssetKey, Failure, MaterializeResult, MetadataValue, asset
 
+from assets.plots import bar_chart, count_table
 from assets.recipe import Recipe, SourceConfig
 from assets.upstream import committed_result
 from assets.versioning import code_version, file_fingerprints, manifest_header, version_key
@@ -97,6 +98,9 @@ def raw_crawl_asset(recipe: Recipe, source: SourceConfig):
                 "records": counts["records"],
                 "skipped": MetadataValue.json(counts["skipped"]),
                 "dropped_by_reason": MetadataValue.json(counts["dropped"]),
+                # Every input record in one table: written, skipped by nature, or bad by reason.
+                "records_accounted": _records_table(counts),
+                "records_plot": bar_chart(_records(counts), title=f"{source.name}: input records", ylabel="records"),
                 "bad_fraction": _bad_fraction(counts),
                 "input_bytes": counts["bytes_in"],
                 "files": len(manifest["files"]),
@@ -106,6 +110,17 @@ def raw_crawl_asset(recipe: Recipe, source: SourceConfig):
         )
 
     return raw_crawl
+
+
+def _records(counts: dict) -> dict[str, int]:
+    rows = {"written": counts["kept"]}
+    rows.update({f"skipped: {kind}": n for kind, n in counts["skipped"].items()})
+    rows.update({f"bad: {reason}": n for reason, n in counts["dropped"].items()})
+    return rows
+
+
+def _records_table(counts: dict):
+    return count_table(_records(counts), key="records", value="count")
 
 
 def _bad_fraction(counts: dict) -> float:

@@ -14,9 +14,11 @@ from pathlib import Path
 
 from dagster import AssetExecutionContext, AssetKey, Failure, MaterializeResult, MetadataValue, asset
 
+from assets.checks import benchmark_check, benchmark_check_spec, documents_check, documents_check_spec
 from assets.deduplicated import deduplicated_key
+from assets.plots import bar_chart
 from assets.recipe import Recipe, SourceConfig
-from assets.upstream import OutputNotFound, committed_result, latest_output
+from assets.upstream import Output, OutputNotFound, committed_result, latest_output
 from assets.versioning import code_version, file_fingerprints, manifest_header, section_sha256, version_key
 from pipelines.decontam import BenchmarkIndex, DecontamConfig, decontaminate
 from pipelines.ingest import expand_inputs
@@ -56,6 +58,8 @@ def decontaminated_asset(recipe: Recipe, source: SourceConfig, upstream_key: Ass
         group_name="curation",
         code_version=version,
         kinds={"python"},
+        # The benchmark check blocks: a failure stops the packed shards (and all else downstream) in the run.
+        check_specs=[documents_check_spec(key), benchmark_check_spec(key)],
         description=(
             f"Source `{source.name}` after dedup, without documents that share a {settings.ngram}-gram with any of "
             f"the recipe's {len(settings.benchmarks)} benchmark file(s) (action: {settings.action}). Driven by the "
@@ -78,10 +82,11 @@ def decontaminated_asset(recipe: Recipe, source: SourceConfig, upstream_key: Ass
         prefix = "/".join(key.path + [vkey])
 
         manifest = read_manifest(object_store, prefix)
+        # Built (or loaded from the cache) either way: the blocking check re-scans a reused output as well.
+        index = _cached_index(scratch, benchmarks, settings, context.log.info)
         if manifest is not None:
             context.log.info(f"{object_store.uri(prefix)} is already committed for this version; reusing it")
         else:
-            index = _cached_index(scratch, benchmarks, settings, context.log.info)
             work = scratch.new_dir("/".join(key.path))
             inputs = upstream.download(object_store, work / "in", pattern_prefix=f"{source.name}/part-")
             stats = decontaminate(inputs=inputs, index=index, config=settings, out_dir=work / "out")
@@ -108,17 +113,23 @@ def decontaminated_asset(recipe: Recipe, source: SourceConfig, upstream_key: Ass
             )
             shutil.rmtree(work, ignore_errors=True)
 
+        parts = Output(key, prefix, manifest).files()
+        checks = [documents_check(object_store, {source.name: parts}, {source.name: source.filter}),
+                  benchmark_check(object_store, parts, index)]
         counts = manifest["counts"]
         return committed_result(
             object_store,
             prefix,
             manifest,
+            check_results=checks,
             metadata={
                 "documents": counts["kept"],
                 "documents_in": counts["in"],
                 "dropped": sum(counts["dropped"].values()),
                 "cut": counts["cut"],
                 "hits_per_benchmark": MetadataValue.json(counts["hits"]),
+                "hits_plot": bar_chart(dict(sorted(counts["hits"].items(), key=lambda item: -item[1])),
+                                       title=f"{source.name}: contaminated documents per benchmark", ylabel="documents"),
                 "benchmark_ngrams": counts["benchmark_ngrams"],
                 "version_key": vkey,
                 "data_version": manifest["data_version"],

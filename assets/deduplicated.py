@@ -14,8 +14,10 @@ from typing import Callable
 
 from dagster import AssetExecutionContext, AssetKey, Failure, MaterializeResult, MetadataValue, asset
 
+from assets.checks import documents_check, documents_check_spec
+from assets.plots import bar_chart, count_table, histogram
 from assets.recipe import Recipe
-from assets.upstream import OutputNotFound, committed_result, latest_output
+from assets.upstream import Output, OutputNotFound, committed_result, latest_output
 from assets.versioning import code_version, manifest_header, version_key
 from pipelines.dedup import deduplicate
 from resources.scratch import ScratchResource
@@ -53,6 +55,7 @@ def deduplicated_asset(recipe: Recipe, upstream_key: Callable[[str], AssetKey]):
         group_name="curation",
         code_version=version,
         kinds={"python"},
+        check_specs=[documents_check_spec(key)],
         description=(
             "Exact and MinHash-LSH near-duplicates removed across all sources together "
             f"({recipe.dedup.ngram}-word shingles, {recipe.dedup.bands} bands x {recipe.dedup.rows} rows, candidates "
@@ -102,17 +105,29 @@ def deduplicated_asset(recipe: Recipe, upstream_key: Callable[[str], AssetKey]):
             )
             shutil.rmtree(work, ignore_errors=True)
 
+        # Every source's kept documents in one suite (ids unique across them), each against its own filter's
+        # languages and PII settings; read back from the store, so a reused output is checked too.
+        output = Output(key, prefix, manifest)
+        check = documents_check(object_store, {name: output.files(f"{name}/part-") for name in upstream_keys},
+                                {source.name: source.filter for source in recipe.sources})
         counts = manifest["counts"]
         return committed_result(
             object_store,
             prefix,
             manifest,
+            check_results=[check],
             metadata={
                 "documents": counts["kept"],
                 "documents_in": counts["in"],
                 "removed": sum(counts["dropped"].values()),
                 "removed_by_reason": MetadataValue.json(counts["dropped"]),
                 "cluster_size_histogram": MetadataValue.json(counts["cluster_sizes"]),
+                "removed_table": count_table(counts["dropped"], key="reason", value="documents"),
+                "cluster_sizes_plot": histogram({int(k): n for k, n in counts["cluster_sizes"].items()},
+                                                title="duplicate clusters by size", xlabel="documents in the cluster",
+                                                ylabel="clusters"),
+                "kept_per_source_plot": bar_chart({name: c["kept"] for name, c in counts["per_source"].items()},
+                                                  title="documents kept per source", ylabel="documents"),
                 "per_source": MetadataValue.md(_per_source_table(counts["per_source"])),
                 "per_source_counts": MetadataValue.json(counts["per_source"]),
                 "candidate_pairs": counts["candidate_pairs"],

@@ -15,13 +15,11 @@ import gzip
 import hashlib
 import shutil
 import time
+from collections import Counter
 from pathlib import Path
 
 import pydantic
 from dagster import (
-    AssetCheckResult,
-    AssetCheckSeverity,
-    AssetCheckSpec,
     AssetExecutionContext,
     AssetKey,
     MaterializeResult,
@@ -29,11 +27,14 @@ from dagster import (
     asset,
 )
 
+from assets.checks import DOCUMENTS_CHECK, documents_check, documents_check_spec, read_documents
+from assets.checks import validate_documents  # noqa: F401  (re-exported: tests call it by this module)
 from assets.curation import raw_crawl_key
+from assets.plots import bar_chart, count_table
 from assets.recipe import DEMO_RECIPE, Recipe, SourceConfig
-from assets.upstream import committed_result, latest_output
+from assets.upstream import Output, committed_result, latest_output
 from assets.versioning import code_version, manifest_header, version_key
-from pipelines.filters import FilterConfig, filter_counts, filter_pipeline, find_pii
+from pipelines.filters import FilterConfig, filter_counts, filter_pipeline
 from pipelines.ingest import iter_documents
 from pipelines.quality_model import QualityClassifierConfig, read_labelled, train_quality_classifier
 from resources.executor import ExecutorResource
@@ -46,8 +47,7 @@ FILTERED_IMPLEMENTATION = "v1"
 CLASSIFIER_IMPLEMENTATION = "v1"
 CLASSIFIER_KEY = AssetKey(["curation", "quality_classifier"])
 MODEL_FILE = "model.npy"
-CHECK_NAME = "documents_valid"
-MAX_TEXT_CHARS = 8 * 2**20  # the reader's max_document_bytes default: nothing longer can come out of ingest
+CHECK_NAME = DOCUMENTS_CHECK
 
 
 def filtered_key(source_name: str) -> AssetKey:
@@ -96,11 +96,7 @@ def filtered_asset(recipe: Recipe, source: SourceConfig):
         group_name="curation",
         code_version=version,
         kinds={"python"},
-        check_specs=[AssetCheckSpec(
-            CHECK_NAME, asset=key,
-            description="great-expectations on the kept documents: non-empty text within length bounds, unique ids, "
-                        "languages in the source's allowed set, no PII pattern left.",
-        )],
+        check_specs=[documents_check_spec(key)],
         description=(
             f"Source `{source.name}` filtered: URL blocklists, language ID, quality rules, PII scrubbing, as the "
             f"recipe's `sources[{source.name}].filter` says. Dropped documents are kept aside with their reason."
@@ -119,9 +115,6 @@ def filtered_asset(recipe: Recipe, source: SourceConfig):
         out_dir = work / "output"
         if manifest is not None:
             context.log.info(f"{object_store.uri(prefix)} is already committed for this version; reusing it")
-            for entry in manifest["files"]:
-                if entry["path"].startswith("part-"):
-                    object_store.download(f"{prefix}/{entry['path']}", out_dir / entry["path"])
         else:
             inputs = outputs[raw_crawl_key(source.name)].download(object_store, work / "input")
             model_path = None
@@ -149,8 +142,9 @@ def filtered_asset(recipe: Recipe, source: SourceConfig):
                     "seconds": round(seconds, 3),
                 },
             )
-        check = _check_documents(out_dir, source.filter)
         shutil.rmtree(work, ignore_errors=True)
+        # On the committed output, read back from the store: a reused output is checked as well.
+        check = documents_check(object_store, {source.name: Output(key, prefix, manifest).files()}, {source.name: source.filter})
 
         counts = manifest["counts"]
         return committed_result(
@@ -164,6 +158,9 @@ def filtered_asset(recipe: Recipe, source: SourceConfig):
                 "dropped": sum(counts["dropped"].values()),
                 "dropped_by_reason": MetadataValue.json(counts["dropped"]),
                 "drop_table": MetadataValue.md(_drop_table(counts)),
+                "drops_plot": bar_chart({"kept": counts["kept"], **counts["dropped"]}, title=f"{source.name}: kept and dropped by reason",
+                                        ylabel="documents"),
+                **_language_metadata(object_store, Output(key, prefix, manifest).files(), source),
                 "pii_replaced": MetadataValue.json(counts["pii"]),
                 "rejected_files": MetadataValue.json([f["path"] for f in manifest["files"] if f["path"].startswith("rejected-")]),
                 # Of the run that computed this output (a reused output keeps its original figure).
@@ -191,7 +188,7 @@ def quality_classifier_asset(recipe: Recipe, config: QualityClassifierConfig):
         kinds={"python"},
         description=(
             "fastText quality classifier: the recipe's reference texts (high quality) against raw web documents; "
-            "accuracy on the human-labelled documents in the metadata."
+            "accuracy on the human-labelled documents in the metadata. Driven by the recipe's `quality_classifier` section."
         ),
     )
     def quality_classifier(context: AssetExecutionContext, store: StoreResource, scratch: ScratchResource) -> MaterializeResult:
@@ -261,55 +258,21 @@ def curation_filter_assets(recipe: Recipe) -> list:
     return assets + [filtered_asset(recipe, source) for source in recipe.sources]
 
 
-def validate_documents(docs: list[dict], config: FilterConfig) -> tuple[bool, dict]:
-    """great-expectations 1.x, called directly (dagster-ge needs GE < 1, STACK.md), on the kept documents.
-
-    Returns (success, {expectation: {"success", "unexpected", "examples"}})."""
-    import great_expectations as gx
-    import pandas as pd
-
-    if not docs:  # nothing kept (e.g. a one-page source whose page went at language ID): nothing to violate
-        return True, {}
-    frame = pd.DataFrame({
-        "id": [d["id"] for d in docs],
-        "text": [d["text"] for d in docs],
-        "language": [d["metadata"].get("language", "") for d in docs],
-        "pii_left": [sum(map(len, find_pii(d["text"], config.pii).values())) if config.pii else 0 for d in docs],
-    })
-    expectations = [
-        gx.expectations.ExpectColumnValuesToNotBeNull(column="text"),
-        gx.expectations.ExpectColumnValueLengthsToBeBetween(column="text", min_value=1, max_value=MAX_TEXT_CHARS),
-        gx.expectations.ExpectColumnValuesToBeUnique(column="id"),
-        gx.expectations.ExpectColumnValuesToBeBetween(column="pii_left", min_value=0, max_value=0),
-    ]
-    if config.language:
-        expectations.append(gx.expectations.ExpectColumnValuesToBeInSet(column="language", value_set=list(config.language.languages)))
-    context = gx.get_context(mode="ephemeral")
-    batch = (context.data_sources.add_pandas("filtered").add_dataframe_asset("documents")
-             .add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": frame}))
-    result = batch.validate(gx.ExpectationSuite(name="filtered_documents", expectations=expectations))
-    details = {}
-    for r in result.results:
-        name = r.expectation_config.type + (f"({r.expectation_config.kwargs.get('column')})")
-        details[name] = {"success": bool(r.success), "unexpected": int(r.result.get("unexpected_count") or 0),
-                         "examples": [str(x)[:80] for x in (r.result.get("partial_unexpected_list") or [])[:5]]}
-    return bool(result.success), details
-
-
-def _check_documents(folder: Path, config: FilterConfig) -> AssetCheckResult:
-    docs = [d for part in sorted(folder.glob("part-*.jsonl.gz")) for d in iter_documents(part)]
-    success, details = validate_documents(docs, config)
-    return AssetCheckResult(
-        check_name=CHECK_NAME,
-        passed=success,
-        severity=AssetCheckSeverity.ERROR,
-        metadata={"documents": len(docs), "expectations": MetadataValue.json(details)},
-    )
-
-
 def _count_lines(path: Path) -> int:
     with gzip.open(path, "rb") as f:
         return sum(1 for _ in f)
+
+
+def _language_metadata(object_store, parts: list[str], source: SourceConfig) -> dict:
+    """The kept documents' languages (metadata.language, set by language ID), when the source's filter has it."""
+    if source.filter.language is None:
+        return {}
+    languages = Counter(doc.get("metadata", {}).get("language", "?") for doc in read_documents(object_store, parts))
+    ordered = dict(languages.most_common())
+    return {
+        "languages": count_table(ordered, key="language", value="documents"),
+        "languages_plot": bar_chart(ordered, title=f"{source.name}: kept documents by language", ylabel="documents"),
+    }
 
 
 def _drop_table(counts: dict) -> str:

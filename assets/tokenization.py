@@ -20,6 +20,7 @@ from typing import Callable, Iterator
 from dagster import AssetExecutionContext, AssetKey, Failure, MaterializeResult, asset
 from tokenizers import Tokenizer
 
+from assets.plots import bar_chart
 from assets.recipe import Recipe
 from assets.upstream import OutputNotFound, committed_result, latest_output
 from assets.versioning import code_version, file_fingerprints, manifest_header, version_key
@@ -249,6 +250,7 @@ def packed_asset(recipe: Recipe, source_name: str, upstream_key: Callable[[str],
                 "documents_train": counts["train"]["documents"],
                 "documents_val": counts["val"]["documents"],
                 "dtype": manifest["packing"]["dtype"],
+                "tokens_per_source_plot": _tokens_per_source(context.instance, recipe, source_name, counts),
                 "tokenizer_sha256": manifest["tokenizer"]["sha256"],
                 "version_key": vkey,
                 "data_version": manifest["data_version"],
@@ -256,6 +258,20 @@ def packed_asset(recipe: Recipe, source_name: str, upstream_key: Callable[[str],
         )
 
     return packed
+
+
+def _tokens_per_source(instance, recipe: Recipe, source_name: str, counts: dict):
+    """Train tokens of this source beside every other source's latest packed output (the picture is whole once
+    the last source is packed; a source not packed yet shows 0)."""
+    tokens = {}
+    for source in recipe.sources:
+        if source.name == source_name:
+            tokens[source.name] = counts["train"]["tokens"]
+            continue
+        event = instance.get_latest_materialization_event(packed_key(source.name))
+        entry = event.asset_materialization.metadata.get("tokens_train") if event else None
+        tokens[source.name] = entry.value if entry is not None else 0
+    return bar_chart(tokens, title="train tokens per source (latest packed outputs)", ylabel="tokens")
 
 
 def _upstream_outputs(context, object_store, keys: dict[str, AssetKey]) -> dict:

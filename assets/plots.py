@@ -1,0 +1,103 @@
+"""Plots and tables for asset metadata: what the Dagster UI shows a person instead of a JSON blob.
+
+A plot is a PNG drawn with matplotlib's object API (no pyplot, so no display and no global state; the Agg
+canvas is all it needs) and embedded in a Markdown metadata value as a base64 data URI, which the UI renders
+as an image: `![title](data:image/png;base64,...)`. Tables use Dagster's own table metadata type, so the
+UI can sort them. matplotlib is imported when a plot is drawn, not when the definitions load.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Mapping
+
+from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
+
+# Small enough to keep each materialization event a few tens of KB in the event log, large enough to read.
+FIGSIZE = (6.4, 3.2)
+DPI = 80
+
+
+def bar_chart(counts: Mapping[str, float], *, title: str, ylabel: str, log: bool = False) -> MetadataValue:
+    """One bar per key, in the mapping's order; the value is printed on each bar."""
+    if not counts:
+        return MetadataValue.md(f"**{title}**: nothing to plot")
+    figure = _figure()
+    axes = figure.add_subplot()
+    labels, values = [str(k) for k in counts], list(counts.values())
+    bars = axes.bar(range(len(values)), values, color="#4f6bed")
+    axes.bar_label(bars, labels=[_short(v) for v in values], fontsize=7)
+    axes.set_xticks(range(len(labels)), labels, rotation=30 if len(labels) > 4 else 0, ha="right" if len(labels) > 4 else "center", fontsize=8)
+    axes.set_ylabel(ylabel)
+    axes.margins(y=0.12)  # room for the value labels above the bars
+    if log:
+        axes.set_yscale("log")
+    return _markdown(figure, title)
+
+
+def histogram(counts: Mapping[int, int], *, title: str, xlabel: str, ylabel: str = "count", log: bool = True) -> MetadataValue:
+    """Already-binned integer data ({value: how many}, e.g. cluster size -> clusters) as bars on a numeric axis."""
+    if not counts:
+        return MetadataValue.md(f"**{title}**: nothing to plot")
+    figure = _figure()
+    axes = figure.add_subplot()
+    xs = sorted(int(x) for x in counts)
+    ys = [counts[x] if x in counts else counts[str(x)] for x in xs]
+    axes.bar(xs, ys, width=0.8, color="#4f6bed")
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
+    if log:
+        axes.set_yscale("log")
+    if len(xs) <= 20:
+        axes.set_xticks(xs)
+    return _markdown(figure, title)
+
+
+def line_chart(points: list[tuple[float, float]], *, title: str, xlabel: str, ylabel: str,
+               log: bool = False) -> MetadataValue:
+    """A curve over (x, y) points, e.g. the loss by step of a training stage."""
+    if not points:
+        return MetadataValue.md(f"**{title}**: nothing to plot")
+    figure = _figure()
+    axes = figure.add_subplot()
+    xs, ys = zip(*points)
+    axes.plot(xs, ys, color="#4f6bed", linewidth=1.5, marker="." if len(xs) <= 50 else None)
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
+    axes.grid(alpha=0.3)
+    if log:
+        axes.set_yscale("log")
+    return _markdown(figure, title)
+
+
+def count_table(counts: Mapping[str, int | float], *, key: str, value: str) -> MetadataValue:
+    """{label: number} as a two-column table, largest first."""
+    rows = sorted(counts.items(), key=lambda item: (-item[1], str(item[0])))
+    schema = TableSchema(columns=[TableColumn(key, "string"), TableColumn(value, "float" if _any_float(counts) else "int")])
+    return MetadataValue.table([TableRecord({key: str(k), value: v}) for k, v in rows], schema=schema)
+
+
+def _figure():
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+
+
+def _markdown(figure, title: str) -> MetadataValue:
+    figure.suptitle(title, fontsize=10)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return MetadataValue.md(f"![{title}](data:image/png;base64,{data})")
+
+
+def _short(value: float) -> str:
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:.3g}"
+    value = int(value)
+    return f"{value / 1e6:.1f}M" if value >= 1_000_000 else f"{value / 1e3:.1f}k" if value >= 10_000 else str(value)
+
+
+def _any_float(counts: Mapping) -> bool:
+    return any(isinstance(v, float) for v in counts.values())
