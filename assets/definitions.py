@@ -2,7 +2,8 @@
 
 The recipe in force is read once, here, at load: PRETRAIN_RECIPE or recipes/demo.yaml. Resources are
 chosen in this one place from the environment (PRETRAIN_HOME, PRETRAIN_STORE, AWS_ENDPOINT_URL,
-AWS_DEFAULT_REGION), never in asset code.
+AWS_DEFAULT_REGION, PRETRAIN_EXECUTOR
+and its settings), never in asset code.
 """
 
 from __future__ import annotations
@@ -16,9 +17,13 @@ from assets.decontaminated import decontaminated_asset, decontaminated_key
 from assets.deduplicated import deduplicated_asset
 from assets.filtered import curation_filter_assets, filtered_key
 from assets.home import pretrain_home, store_url
+from assets.evaluation import evaluation_assets
+from assets.mixing import mixing_assets, mixing_schedules
 from assets.recipe import Recipe, load_recipe
 from assets.tokenization import tokenization_assets
+from assets.training import training_assets
 from resources.executor import ExecutorResource
+from resources.launcher import LauncherResource
 from resources.scratch import ScratchResource
 from resources.store_resource import StoreResource
 
@@ -31,8 +36,13 @@ def build_resources() -> dict:
             region=os.environ.get("AWS_DEFAULT_REGION"),
         ),
         "scratch": ScratchResource(root=str(pretrain_home() / "work")),
-        # datatrove pipelines: local by default; PRETRAIN_EXECUTOR_WORKERS > 1 runs tasks in a process pool.
-        "executor": ExecutorResource(kind="local", workers=int(os.environ.get("PRETRAIN_EXECUTOR_WORKERS", "1"))),
+        # The trainer's processes: `python -m trainer` by default; PRETRAIN_LAUNCHER=torchrun|deepspeed and
+        # PRETRAIN_NPROC_PER_NODE for more (resources/launcher.py).
+        "launcher": LauncherResource(launcher=os.environ.get("PRETRAIN_LAUNCHER", "python"),
+                                     nproc_per_node=int(os.environ.get("PRETRAIN_NPROC_PER_NODE", "1"))),
+        # datatrove pipelines: local by default (PRETRAIN_EXECUTOR_WORKERS > 1: a process pool); PRETRAIN_EXECUTOR=ray
+        # or slurm with PRETRAIN_RAY_ADDRESS / PRETRAIN_SLURM_PARTITION, ... (ExecutorResource.from_env lists them).
+        "executor": ExecutorResource.from_env(os.environ),
     }
 
 
@@ -43,7 +53,11 @@ def build_defs(recipe: Recipe) -> Definitions:
     assets.append(deduplicated_asset(recipe, upstream_key=filtered_key))
     assets += [decontaminated_asset(recipe, source) for source in recipe.sources]
     assets += tokenization_assets(recipe, upstream_key=decontaminated_key)
-    return Definitions(assets=assets, resources=build_resources())
+    # Mixing and training: the sweep picks the mixture, the stages train on it, each stage is evaluated.
+    assets += mixing_assets(recipe)
+    assets += training_assets(recipe)
+    assets += evaluation_assets(recipe)
+    return Definitions(assets=assets, schedules=mixing_schedules(recipe), resources=build_resources())
 
 
 defs = build_defs(load_recipe())

@@ -19,7 +19,7 @@ import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from assets.stages import MixingSection, TrainingSection
+from assets.stages import EvaluationSection, MixingSection, TrainingSection
 from pipelines.decontam import DecontamConfig
 from pipelines.dedup import DedupConfig
 from pipelines.filter_config import FilterConfig
@@ -85,6 +85,7 @@ class Recipe(BaseModel):
     packing: PackingConfig = PackingConfig()
     mixing: MixingSection | None = None  # the proxy-model mix sweep (assets/stages.py)
     training: TrainingSection | None = None  # main, long-context stages, anneal (assets/stages.py)
+    evaluation: EvaluationSection = EvaluationSection()  # what each stage's final checkpoint is measured on
 
     # Set by load_recipe, not by the YAML: where the recipe came from, to resolve relative inputs.
     path: Path | None = Field(None, exclude=True)

@@ -149,3 +149,17 @@ class MixingSection(BaseModel):
         if self.target != "average" and self.target not in self.prior:
             raise ValueError(f"target must be 'average' or one of {sorted(self.prior)}, got {self.target!r}")
         return self
+
+
+class EvaluationSection(BaseModel):
+    """What the evaluation assets measure on each stage's final checkpoint (trainer/evaluate.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tasks: list[Literal["lambada", "hellaswag", "arc_easy", "arc_challenge", "piqa"]] = [
+        "lambada", "hellaswag", "arc_easy", "piqa"]
+    limit: int | None = Field(200, ge=1, description="items per task (None: all)")
+    benchmarks: str = Field("benchmarks", description="the benchmark folder, relative to base_dir")
+    canary: str | None = Field("benchmarks/wikitext-2-test.txt", description="fixed text whose loss is tracked")
+    canary_sequences: int = Field(8, ge=1)
+    val_sequences: int = Field(16, ge=1, description="held-out sequences per domain")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+from gzip import GzipFile
 import re
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -38,9 +39,16 @@ from datatrove.pipeline.filters import (
 from datatrove.pipeline.filters.base_filter import BaseFilter
 from datatrove.pipeline.readers import JsonlReader
 from datatrove.pipeline.writers import JsonlWriter
+from fsspec.compression import register_compression
 from datatrove.utils.lid import FT176LID
 
-from pipelines.filter_config import (  # noqa: F401  (re-exported: the settings belong with their steps)
+# datatrove's writers gzip through fsspec, whose GzipFile stamps the current time and the file's path in
+# every header: the same documents would give different bytes, so a rebuilt output would get a new data
+# version and make everything downstream stale. Equal content, equal bytes (as pipelines/dedup.py writes).
+register_compression("gzip", lambda f, **kwargs: GzipFile(fileobj=f, filename="", mtime=0, **kwargs), "gz",
+                     force=True)
+
+from pipelines.filter_config import (  # noqa: F401,E402  (re-exported: the settings belong with their steps)
     DEFAULT_STOP_WORDS,
     UrlFilterConfig,
     LanguageConfig,

@@ -91,6 +91,13 @@ class LauncherResource(ConfigurableResource):
         return LaunchResult(summary=summary, records=records, command=command)
 
 
+    def run_python(self, context: AssetExecutionContext, args: list[str], work_dir: str | os.PathLike) -> None:
+        """One plain Python process under Pipes on this machine (an evaluation, not a training job)."""
+        env = {**os.environ, **self.env}
+        env.pop("WORLD_SIZE", None)
+        PipesSubprocessClient(env=env, cwd=str(work_dir)).run(context=context, command=[sys.executable, *args])
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -1,0 +1,166 @@
+"""Training assets (group "training"): the recipe's stages, each a long-running trainer process.
+
+training/main: the main stage on the chosen mixture (mixing/mixture_weights; the prior when the recipe
+    has no mixing section), from scratch.
+training/<long-context stage>: each starts from the previous stage's final checkpoint (weights only:
+    a fresh optimizer and schedule), with its own sequence length and RoPE base.
+training/anneal: from the last stage, the LR decays to ~0 on the recipe's high-quality mixture.
+
+Every stage runs through the launcher resource (Dagster Pipes) and checkpoints to the object store
+under checkpoints/<stage>/<version key>/: the version key is fixed by the stage's settings and inputs,
+so a retried or re-materialized asset resumes from that run's latest checkpoint instead of starting
+over (RetryPolicy below), and a changed input starts a new run. The lineage of every input goes
+into the run config and so into every checkpoint manifest. This module never imports torch.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+from dagster import (
+    AssetExecutionContext,
+    AssetKey,
+    Backoff,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    RetryPolicy,
+    asset,
+)
+
+from assets.lineage import record_of
+from assets.mixing import RESULT_FILE, weights_key
+from assets.plots import line_chart
+from assets.recipe import Recipe
+from assets.training_data import packed_keys, training_inputs
+from assets.upstream import OutputNotFound, committed_result, latest_output
+from assets.versioning import code_version, manifest_header, version_key
+from resources.launcher import LauncherResource
+from resources.scratch import ScratchResource
+from resources.store import commit_folder, read_manifest
+from resources.store_resource import StoreResource
+
+TRAINING_IMPLEMENTATION = "v1"
+SUMMARY_FILE = "summary.json"
+METRICS_FILE = "metrics.jsonl"
+
+
+def stage_key(name: str) -> AssetKey:
+    return AssetKey(["training", name])
+
+
+def training_assets(recipe: Recipe) -> list:
+    if recipe.training is None:
+        return []
+    stages = recipe.training.stage_settings()
+    assets, previous = [], None
+    for index, (name, settings) in enumerate(stages):
+        assets.append(_stage_asset(recipe, name, settings, previous, index))
+        previous = name
+    return assets
+
+
+def _stage_weights(recipe: Recipe, name: str) -> tuple[dict[str, float] | None, bool]:
+    """(fixed weights, or None to read mixing/mixture_weights; whether the stage depends on the mixture)."""
+    if name == "anneal" and recipe.training.anneal.weights:
+        return dict(recipe.training.anneal.weights), False
+    if recipe.mixing is not None:
+        return None, True
+    return {s.name: 1.0 for s in recipe.sources}, False
+
+
+def _stage_asset(recipe: Recipe, name: str, settings: dict, previous: str | None, index: int):
+    key = stage_key(name)
+    fixed, uses_mixture = _stage_weights(recipe, name)
+    sources = sorted(fixed) if fixed is not None else sorted(recipe.mixing.prior)
+    section = {"stage": name, "settings": settings, "weights": fixed}
+    version = code_version(f"training-{name}", TRAINING_IMPLEMENTATION, section)
+    deps = packed_keys(sources) + ([weights_key()] if uses_mixture else []) + ([stage_key(previous)] if previous else [])
+    start = f"from the final checkpoint of training/{previous}" if previous else "from scratch"
+    mixture = ("the anneal mixture of the recipe" if fixed is not None and name == "anneal" else
+               "the chosen mixture (mixing/mixture_weights)" if uses_mixture else "equal weights over every source")
+
+    @asset(key=key, group_name="training", code_version=version, kinds={"python", "pytorch"}, deps=deps,
+           retry_policy=RetryPolicy(max_retries=2, delay=5, backoff=Backoff.LINEAR),
+           description=(f"Training stage `{name}` ({settings['train_tokens']:,} tokens, seq "
+                        f"{settings.get('batch', {}).get('seq_len', '?')}), {start}, on {mixture}. DeepSpeed through the "
+                        "launcher resource; checkpoints to the object store, and a retry resumes from the latest one. "
+                        f"Driven by the recipe's `training` section."))
+    def training_stage(context: AssetExecutionContext, store: StoreResource, scratch: ScratchResource,
+                       launcher: LauncherResource) -> MaterializeResult:
+        object_store = store.open()
+        inputs = training_inputs(context, object_store, scratch, sources)
+        upstream, lineage = dict(inputs.upstream), list(inputs.lineage)
+        weights = fixed
+        try:
+            if uses_mixture:
+                chosen = latest_output(context.instance, object_store, weights_key())
+                weights = json.loads(object_store.get_bytes(f"{chosen.prefix}/{RESULT_FILE}"))["weights"]
+                upstream[weights_key().to_user_string()] = chosen.data_version
+                lineage.insert(0, record_of(chosen))
+            init_from = None
+            if previous is not None:
+                before = latest_output(context.instance, object_store, stage_key(previous))
+                init_from = before.manifest["checkpoint"]["uri"]
+                upstream[stage_key(previous).to_user_string()] = before.data_version
+                lineage = [record_of(before), *[r for r in before.manifest.get("lineage", []) if r not in lineage],
+                           *lineage]
+        except OutputNotFound as exc:
+            raise Failure(description=str(exc)) from exc
+        vkey = version_key(version, upstream=upstream)
+        prefix = "/".join(key.path + [vkey])
+        manifest = read_manifest(object_store, prefix)
+        if manifest is None:
+            # Stable folders per version: a retry finds the same local checkpoints (and the same remote ones).
+            work = Path(scratch.root) / "training" / name / vkey
+            run = {**settings, "stage": name, "output_dir": str(work / "out"),
+                   "data": {"shards": {k: str(v) for k, v in inputs.folders.items()}, "weights": weights},
+                   "checkpoint": {**settings.get("checkpoint", {}), "remote": store.url, "run_name": vkey,
+                                  "local_dir": str(work / "checkpoints")},
+                   "tokenizer_sha256": inputs.tokenizer_sha256, "lineage": lineage, "init_from": init_from}
+            if context.retry_number:
+                context.log.info(f"retry {context.retry_number}: the trainer resumes from its latest checkpoint")
+            result = launcher.launch(context, run, work)
+            saved = result.events("checkpoint_saved")
+            if not saved:
+                raise Failure(description=f"training/{name} finished without a final checkpoint "
+                                          "(checkpoint.save_final must stay on for a training stage)")
+            final = saved[-1]["step"]
+            checkpoint_prefix = f"checkpoints/{name}/{vkey}/step-{final:08d}"
+            out = work / "result"
+            out.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(work / "out" / SUMMARY_FILE, out / SUMMARY_FILE)
+            shutil.copyfile(work / "out" / METRICS_FILE, out / METRICS_FILE)
+            manifest = commit_folder(object_store, prefix, out, {
+                **manifest_header(key.path, vkey, version, section, context.run.run_id),
+                "upstream": upstream, "lineage": lineage, "weights": weights,
+                "checkpoint": {"prefix": checkpoint_prefix, "uri": object_store.uri(checkpoint_prefix), "step": final},
+                "resumed": [e for e in result.events("resumed")]})
+        else:
+            context.log.info(f"{object_store.uri(prefix)} is already committed for this version; reusing it")
+        summary = json.loads(object_store.get_bytes(f"{prefix}/{SUMMARY_FILE}"))
+        records = [json.loads(line) for line in object_store.get_bytes(f"{prefix}/{METRICS_FILE}").splitlines()]
+        train = [r for r in records if r.get("event") == "train"]
+        evals = [r for r in records if r.get("event") == "eval"]
+        return committed_result(object_store, prefix, manifest, metadata={
+            "checkpoint": MetadataValue.path(manifest["checkpoint"]["uri"]),
+            "checkpoint_step": manifest["checkpoint"]["step"],
+            "tokens": summary["tokens"], "steps": summary["steps"],
+            "final_loss": train[-1]["loss"] if train else float("nan"),
+            "mfu": train[-1]["mfu"] if train else 0.0,
+            "tokens_per_s": train[-1]["tokens_per_s"] if train else 0.0,
+            "val_loss": MetadataValue.json(summary.get("val_loss") or {}),
+            "skipped_steps": len(summary.get("skipped") or []),
+            "weights": MetadataValue.json(manifest["weights"]),
+            "loss_curve": _curve([(r["step"], r["loss"]) for r in train], "training loss", "loss"),
+            "lr_curve": _curve([(r["step"], r["lr"]) for r in train], "learning rate", "lr"),
+            "val_loss_curve": _curve([(r["step"], sum(r["val_loss"].values()) / len(r["val_loss"])) for r in evals
+                                      if r["val_loss"]], "mean validation loss", "loss"),
+            "lineage": MetadataValue.json([{k: r.get(k) for k in ("asset", "data_version", "run_id")} for r in lineage]),
+        })
+
+    return training_stage
+
+
+def _curve(points: list[tuple[int, float]], title: str, ylabel: str) -> MetadataValue:
+    return line_chart(points, title=title, xlabel="step", ylabel=ylabel)

@@ -1,0 +1,138 @@
+"""Training stages as assets on a small recipe: main -> long-context -> anneal -> evaluation, through the
+launcher resource, checkpointing to the store; a killed main run resumes from its last checkpoint."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from dagster import AssetKey, DagsterInstance
+
+from assets.cli import main
+from assets.definitions import build_resources
+from assets.recipe import DEMO_RECIPE
+from tests.conftest import REPO
+
+MODEL = {"vocab_size": 1024, "d_model": 32, "n_layers": 1, "n_heads": 2}
+BATCH = {"global_batch": 8, "micro_batch": 8, "seq_len": 64, "ramp_start": None, "ramp_tokens": 0}
+
+
+def write_recipe(path, main_steps=6):
+    raw = yaml.safe_load(DEMO_RECIPE.read_text())
+    raw["base_dir"] = str((DEMO_RECIPE.parent / raw["base_dir"]).resolve())
+    sources = {s["name"]: s for s in raw["sources"]}
+    for name in ("c4", "math"):
+        sources[name].pop("filter", None)
+    raw["sources"] = [sources["c4"], sources["math"]]
+    raw["decontamination"]["benchmarks"] = ["benchmarks/gsm8k_test.jsonl"]
+    raw["tokenizer"] = {"vocab_size": 1024, "sample_bytes": 400000}
+    for section in ("quality_classifier", "mixing"):
+        raw.pop(section, None)
+    raw["training"] = {
+        "main": {"train_tokens": main_steps * 8 * 64, "model": MODEL, "batch": BATCH, "optim": {"lr": 3e-3},
+                 "deepspeed": {"zero_stage": 1, "bf16": True},
+                 "metrics": {"log_interval": 1, "eval_batches": 1, "tensorboard": False},
+                 "checkpoint": {"interval_steps": 2, "keep_last": 2}},
+        "long_context": [{"name": "long_128", "train_tokens": 2 * 4 * 128, "model": {"rope_base": 50000.0},
+                          "batch": {"seq_len": 128, "global_batch": 4, "micro_batch": 4}}],
+        "anneal": {"train_tokens": 2 * 4 * 128, "weights": {"math": 1.0},
+                   "schedule": {"kind": "wsd", "decay_fraction": 1.0, "min_lr_ratio": 0.0}},
+    }
+    raw["evaluation"] = {"tasks": ["arc_easy", "lambada"], "limit": 4, "val_sequences": 4, "canary_sequences": 2}
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+
+
+def metadata(key: str) -> dict:
+    event = DagsterInstance.get().get_latest_materialization_event(AssetKey.from_user_string(key))
+    return {k: v.value for k, v in event.asset_materialization.metadata.items()}
+
+
+@pytest.mark.slow  # ~2-3 min: curation of two small sources, three tiny training stages, three evaluations
+def test_every_stage_trains_from_the_one_before_and_is_evaluated(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    recipe = tmp_path / "recipe.yaml"
+    write_recipe(recipe)
+    monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
+    assert main(["materialize"]) == 0
+
+    store = build_resources()["store"].open()
+    stages = {name: metadata(f"training/{name}") for name in ("main", "long_128", "anneal")}
+    assert [stages[n]["steps"] for n in ("main", "long_128", "anneal")] == [6, 2, 2]
+    for name, meta in stages.items():
+        prefix = meta["checkpoint"].split("/store/", 1)[1]  # file://…/store/checkpoints/<stage>/<vkey>/step-N
+        manifest = json.loads(store.get_bytes(f"{prefix}/manifest.json"))
+        assert manifest["step"] == meta["checkpoint_step"] and manifest["config"]["stage"] == name
+        assert "data:image/png;base64," in meta["loss_curve"]
+        assets = [r["asset"] for r in manifest["lineage"]]
+        assert {"tokenization/math/packed", "tokenization/tokenizer", "curation/math/raw_crawl"} <= set(assets)
+    # Each later stage starts from the one before: its checkpoint names the previous stage's final step.
+    long_run = json.loads(store.get_bytes(
+        stages["long_128"]["checkpoint"].split("/store/", 1)[1] + "/manifest.json"))
+    assert long_run["config"]["init_from"] == stages["main"]["checkpoint"]
+    assert long_run["config"]["batch"]["seq_len"] == 128 and long_run["config"]["model"]["rope_base"] == 50000.0
+    assert [r["asset"] for r in long_run["lineage"]][0] == "training/main"
+    assert metadata("training/anneal")["weights"] == {"math": 1.0}
+
+    for name in ("main", "long_128", "anneal"):
+        ev = metadata(f"evaluation/{name}")
+        assert set(ev["val_loss"]) == {"c4", "math"} and ev["canary_loss"] > 0
+        assert ev["step"] == stages[name]["checkpoint_step"]
+        assert 0 <= ev["arc_easy_acc_norm"] <= 1 and 0 <= ev["lambada_acc"] <= 1
+
+    # The checkpoint alone tells what made it.
+    capsys.readouterr()
+    assert main(["lineage", stages["anneal"]["checkpoint"]]) == 0
+    out = capsys.readouterr().out
+    assert "training/long_128" in out and "curation/c4/raw_crawl" in out
+    # And exports as a Llama model, with the tokenizer its lineage names.
+    assert main(["export", stages["anneal"]["checkpoint"], str(tmp_path / "hf")]) == 0
+    assert (tmp_path / "hf" / "tokenizer.json").exists() and (tmp_path / "hf" / "model.safetensors").exists()
+
+
+@pytest.mark.slow  # ~1-2 min
+def test_a_killed_main_run_resumes_from_its_last_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    recipe = tmp_path / "recipe.yaml"
+    write_recipe(recipe, main_steps=12)
+    monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
+    assert main(["materialize", "--select", "+tokenization/c4/packed,+tokenization/math/packed"]) == 0
+
+    command = [sys.executable, "-m", "assets.cli", "materialize", "--select", "training/main"]
+    proc = subprocess.Popen(command, cwd=REPO, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    metrics = None
+    try:
+        while time.monotonic() < deadline:
+            found = list((tmp_path / "pretrain-home" / "work" / "training" / "main").glob("*/out/metrics.jsonl"))
+            if found:
+                metrics = found[0]
+                saved = [r for r in map(json.loads, metrics.read_text().splitlines()) if r.get("event") == "committed"]
+                if any(r["step"] >= 4 for r in saved):
+                    break
+            assert proc.poll() is None, "the run ended before it could be killed"
+            time.sleep(0.2)
+        else:
+            pytest.fail("no checkpoint at step 4 within 300 s")
+    finally:
+        # kill -9 the whole tree: the CLI (Dagster's run and its Pipes client) and the trainer, its child.
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    committed = max(r["step"] for r in records if r.get("event") == "committed")
+    trained_before = [r["step"] for r in records if r.get("event") == "train"]
+
+    assert main(["materialize", "--select", "training/main"]) == 0
+    after = [json.loads(line) for line in metrics.read_text().splitlines()][len(records):]
+    resumed = [r for r in after if r.get("event") == "resumed"]
+    assert resumed and resumed[0]["step"] == committed
+    steps = [r["step"] for r in after if r.get("event") == "train"]
+    assert steps == list(range(committed + 1, 13))  # nothing before the checkpoint is trained again
+    assert max(trained_before) >= committed
+    assert metadata("training/main")["steps"] == 12
