@@ -46,7 +46,7 @@ def merge(base: dict, override: dict) -> dict:
     return out
 
 
-def _check_stage(where: str, settings: dict) -> RunConfig:
+def check_stage(where: str, settings: dict) -> RunConfig:
     unknown = sorted(set(settings) - set(STAGE_FIELDS))
     if unknown:
         raise ValueError(f"{where}.{unknown[0]}: not a stage field (stages set {', '.join(STAGE_FIELDS)})")
@@ -110,19 +110,19 @@ class TrainingSection(BaseModel):
     def stage_settings(self) -> list[tuple[str, dict]]:
         """[(stage name, merged RunConfig fields)] in training order: main, long-context stages, anneal."""
         stages = [("main", dict(self.main))]
-        _check_stage("training.main", stages[0][1])
+        check_stage("training.main", stages[0][1])
         for i, stage in enumerate(self.long_context):
             merged = merge(stages[-1][1], stage.settings())
-            _check_stage(f"training.long_context[{i}] ({stage.name})", merged)
+            check_stage(f"training.long_context[{i}] ({stage.name})", merged)
             stages.append((stage.name, merged))
         if self.anneal is not None:
             merged = merge(stages[-1][1], self.anneal.settings())
-            _check_stage("training.anneal", merged)
+            check_stage("training.anneal", merged)
             stages.append(("anneal", merged))
         return stages
 
     def run_configs(self) -> list[tuple[str, RunConfig]]:
-        return [(name, _check_stage(name, settings)) for name, settings in self.stage_settings()]
+        return [(name, check_stage(name, settings)) for name, settings in self.stage_settings()]
 
 
 class MixingSection(BaseModel):

@@ -22,6 +22,8 @@ from dagster import (
     AssetKey,
     Backoff,
     Failure,
+    Field,
+    Int,
     MaterializeResult,
     MetadataValue,
     RetryPolicy,
@@ -32,6 +34,7 @@ from assets.lineage import record_of
 from assets.mixing import RESULT_FILE, weights_key
 from assets.plots import line_chart
 from assets.recipe import Recipe
+from assets.stages import check_stage, merge
 from assets.training_data import packed_keys, training_inputs
 from assets.upstream import OutputNotFound, committed_result, latest_output
 from assets.versioning import code_version, manifest_header, version_key
@@ -39,6 +42,7 @@ from resources.launcher import LauncherResource
 from resources.scratch import ScratchResource
 from resources.store import commit_folder, read_manifest
 from resources.store_resource import StoreResource
+from trainer.config import BatchConfig
 
 TRAINING_IMPLEMENTATION = "v1"
 SUMMARY_FILE = "summary.json"
@@ -53,9 +57,10 @@ def training_assets(recipe: Recipe) -> list:
     if recipe.training is None:
         return []
     stages = recipe.training.stage_settings()
+    min_doc = {stage.name: stage.min_doc_tokens for stage in recipe.training.long_context}
     assets, previous = [], None
-    for index, (name, settings) in enumerate(stages):
-        assets.append(_stage_asset(recipe, name, settings, previous, index))
+    for name, settings in stages:
+        assets.append(_stage_asset(recipe, name, settings, previous, min_doc.get(name, 0)))
         previous = name
     return assets
 
@@ -69,25 +74,38 @@ def _stage_weights(recipe: Recipe, name: str) -> tuple[dict[str, float] | None, 
     return {s.name: 1.0 for s in recipe.sources}, False
 
 
-def _stage_asset(recipe: Recipe, name: str, settings: dict, previous: str | None, index: int):
+def _stage_asset(recipe: Recipe, name: str, settings: dict, previous: str | None, min_doc_tokens: int):
     key = stage_key(name)
     fixed, uses_mixture = _stage_weights(recipe, name)
     sources = sorted(fixed) if fixed is not None else sorted(recipe.mixing.prior)
-    section = {"stage": name, "settings": settings, "weights": fixed}
+    section = {"stage": name, "settings": settings, "weights": fixed, "min_doc_tokens": min_doc_tokens}
     version = code_version(f"training-{name}", TRAINING_IMPLEMENTATION, section)
     deps = packed_keys(sources) + ([weights_key()] if uses_mixture else []) + ([stage_key(previous)] if previous else [])
     start = f"from the final checkpoint of training/{previous}" if previous else "from scratch"
+    if min_doc_tokens:
+        start += f", on documents of {min_doc_tokens} tokens or more"
     mixture = ("the anneal mixture of the recipe" if fixed is not None and name == "anneal" else
                "the chosen mixture (mixing/mixture_weights)" if uses_mixture else "equal weights over every source")
 
+    batch = settings.get("batch", {})
+    launchpad = {  # the Launchpad starts from the recipe's values; a changed one overrides it for that run
+        "train_tokens": Field(Int, default_value=settings["train_tokens"], description="tokens to train on"),
+        "seq_len": Field(Int, default_value=batch.get("seq_len", BatchConfig().seq_len), description="batch.seq_len"),
+        "global_batch": Field(Int, default_value=batch.get("global_batch", BatchConfig().global_batch),
+                              description="batch.global_batch (sequences per optimizer step)"),
+    }
+
     @asset(key=key, group_name="training", code_version=version, kinds={"python", "pytorch"}, deps=deps,
-           retry_policy=RetryPolicy(max_retries=2, delay=5, backoff=Backoff.LINEAR),
+           config_schema=launchpad, retry_policy=RetryPolicy(max_retries=2, delay=5, backoff=Backoff.LINEAR),
            description=(f"Training stage `{name}` ({settings['train_tokens']:,} tokens, seq "
                         f"{settings.get('batch', {}).get('seq_len', '?')}), {start}, on {mixture}. DeepSpeed through the "
                         "launcher resource; checkpoints to the object store, and a retry resumes from the latest one. "
                         f"Driven by the recipe's `training` section."))
     def training_stage(context: AssetExecutionContext, store: StoreResource, scratch: ScratchResource,
                        launcher: LauncherResource) -> MaterializeResult:
+        run_settings, overrides = _with_overrides(name, settings, context.op_config or {})
+        if overrides:
+            context.log.info(f"launchpad overrides for this run: {overrides}")
         object_store = store.open()
         inputs = training_inputs(context, object_store, scratch, sources)
         upstream, lineage = dict(inputs.upstream), list(inputs.lineage)
@@ -107,15 +125,18 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, previous: str | None
                            *lineage]
         except OutputNotFound as exc:
             raise Failure(description=str(exc)) from exc
-        vkey = version_key(version, upstream=upstream)
+        # A run with Launchpad overrides is another output (and another checkpoint run) than the recipe's.
+        vkey = version_key(version, upstream=upstream,
+                           inputs=[json.dumps(overrides, sort_keys=True)] if overrides else None)
         prefix = "/".join(key.path + [vkey])
         manifest = read_manifest(object_store, prefix)
         if manifest is None:
             # Stable folders per version: a retry finds the same local checkpoints (and the same remote ones).
             work = Path(scratch.root) / "training" / name / vkey
-            run = {**settings, "stage": name, "output_dir": str(work / "out"),
-                   "data": {"shards": {k: str(v) for k, v in inputs.folders.items()}, "weights": weights},
-                   "checkpoint": {**settings.get("checkpoint", {}), "remote": store.url, "run_name": vkey,
+            run = {**run_settings, "stage": name, "output_dir": str(work / "out"),
+                   "data": {"shards": {k: str(v) for k, v in inputs.folders.items()}, "weights": weights,
+                            "min_doc_tokens": min_doc_tokens},
+                   "checkpoint": {**run_settings.get("checkpoint", {}), "remote": store.url, "run_name": vkey,
                                   "local_dir": str(work / "checkpoints")},
                    "tokenizer_sha256": inputs.tokenizer_sha256, "lineage": lineage, "init_from": init_from}
             if context.retry_number:
@@ -160,6 +181,26 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, previous: str | None
         })
 
     return training_stage
+
+
+def _with_overrides(name: str, settings: dict, chosen: dict) -> tuple[dict, dict]:
+    """The stage's settings with the Launchpad's changed values; a bad one fails naming the field."""
+    batch = settings.get("batch", {})
+    recipe_values = {"train_tokens": settings["train_tokens"], "seq_len": batch.get("seq_len", BatchConfig().seq_len),
+                     "global_batch": batch.get("global_batch", BatchConfig().global_batch)}
+    overrides = {k: v for k, v in chosen.items() if k in recipe_values and v != recipe_values[k]}
+    change: dict = {}
+    if "train_tokens" in overrides:
+        change["train_tokens"] = overrides["train_tokens"]
+    for field in ("seq_len", "global_batch"):
+        if field in overrides:
+            change.setdefault("batch", {})[field] = overrides[field]
+    merged = merge(settings, change)
+    try:
+        check_stage(f"launchpad config of training/{name}", merged)
+    except ValueError as exc:
+        raise Failure(description=str(exc)) from None
+    return merged, overrides
 
 
 def _curve(points: list[tuple[int, float]], title: str, ylabel: str) -> MetadataValue:

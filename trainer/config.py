@@ -218,6 +218,7 @@ class DataSection:
 
     shards: dict[str, str] = field(default_factory=dict)  # source name -> packed-shard folder
     weights: dict[str, float] = field(default_factory=dict)  # source name -> mixture weight
+    min_doc_tokens: int = 0  # packed shards: only documents this long (long-context stages); 0 = all
     text: str | None = None  # a plain text file, documents separated by blank lines
     tokenizer: str | None = None  # tokenizer.json for `text`
     val_fraction: float = 0.1  # `text`: the last documents held out for validation

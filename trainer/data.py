@@ -44,6 +44,9 @@ class DataConfig:
     seed: int = 0
     split: str = "train"  # "train" | "val"
     verify: bool = True  # check each file's sha256 against the manifest on open
+    # Long-context stages: only documents at least this many tokens long (0 = all). A source without one is
+    # left out of the mixture (listed in MixtureDataset.left_out); a mixture left with none is an error.
+    min_doc_tokens: int = 0
     shuffle: bool = True  # read a source's windows in a seeded order per pass (else in stream order)
 
     def __post_init__(self):
@@ -65,10 +68,14 @@ class DataConfig:
             raise ValueError(f"the weights sum to zero: {self.weights}")
 
 
+class ShortSource(ValueError):
+    """A source with no document as long as a long-context stage asks for."""
+
+
 class PackedSource:
     """One source's split: the token stream and document offsets, memory-mapped; sequences cut on demand."""
 
-    def __init__(self, name: str, folder, split: str, verify: bool = True):
+    def __init__(self, name: str, folder, split: str, verify: bool = True, min_doc_tokens: int = 0):
         self.name = name
         self.folder = Path(folder)
         manifest_path = self.folder / MANIFEST
@@ -110,6 +117,20 @@ class PackedSource:
             raise ValueError(f"source {name!r}: the {split} split of {self.folder} has no tokens")
         if self._offsets[0] != 0 or self._offsets[-1] != self.tokens:
             raise ValueError(f"source {name!r}: {paths['offsets_file']} does not span the token stream")
+        if min_doc_tokens > 0:
+            self._keep_long_documents(min_doc_tokens, split)
+
+    def _keep_long_documents(self, min_tokens: int, split: str) -> None:
+        # The long documents gathered into memory (in stream order): what a long-context stage reads is a
+        # small share of a corpus. A corpus-scale version would index the kept spans instead of copying them.
+        lengths = np.diff(self._offsets)
+        keep = np.flatnonzero(lengths >= min_tokens)
+        if len(keep) == 0:
+            raise ShortSource(f"source {self.name!r}: no document of the {split} split has {min_tokens} tokens or "
+                              f"more (the longest has {int(lengths.max())})")
+        self._tokens = np.concatenate([np.asarray(self._tokens[self._offsets[d]:self._offsets[d + 1]]) for d in keep])
+        self._offsets = np.concatenate([[0], np.cumsum(lengths[keep])]).astype(np.int64)
+        self.tokens, self.documents = len(self._tokens), len(keep)
 
     def windows(self, seq_len: int) -> int:
         """Windows in one pass over the stream (the last one wraps into the start)."""
@@ -142,10 +163,20 @@ class MixtureDataset:
     def __init__(self, config: DataConfig):
         self.config = config
         # Sources with weight 0 are never drawn, so they are not opened (nor required to be non-empty).
-        self.names = [name for name in sorted(config.weights) if config.weights[name] > 0]
-        self.sources = [
-            PackedSource(name, config.shards[name], config.split, verify=config.verify) for name in self.names
-        ]
+        self.names, self.sources, self.left_out = [], [], []
+        for name in sorted(config.weights):
+            if config.weights[name] <= 0:
+                continue
+            try:
+                self.sources.append(PackedSource(name, config.shards[name], config.split, verify=config.verify,
+                                                 min_doc_tokens=config.min_doc_tokens))
+            except ShortSource:
+                self.left_out.append(name)
+                continue
+            self.names.append(name)
+        if not self.sources:
+            raise ValueError(f"no source of {sorted(config.weights)} has a {config.split} document of "
+                             f"{config.min_doc_tokens} tokens or more (data.min_doc_tokens)")
         weights = np.array([config.weights[name] for name in self.names], dtype=np.float64)
         self.weights = weights / weights.sum()
         self.vocab_size = max(source.vocab_size for source in self.sources)  # the model's embedding must cover it

@@ -50,10 +50,17 @@ def build_sources(cfg: RunConfig) -> tuple[BatchSource, dict[str, BatchSource]]:
     from trainer.data import DataConfig, MixtureDataset
 
     weights = d.weights or {name: 1.0 for name in d.shards}
-    train = MixtureDataset(DataConfig(shards=dict(d.shards), weights=weights, seq_len=T, seed=cfg.seed, split="train"))
-    val = {name: MixtureDataset(DataConfig(shards={name: folder}, weights={name: 1.0}, seq_len=T, seed=cfg.seed,
-                                           split="val"))
-           for name, folder in d.shards.items()}
+    train = MixtureDataset(DataConfig(shards=dict(d.shards), weights=weights, seq_len=T, seed=cfg.seed, split="train",
+                                      min_doc_tokens=d.min_doc_tokens))
+    val = {}
+    for name, folder in d.shards.items():
+        try:
+            val[name] = MixtureDataset(DataConfig(shards={name: folder}, weights={name: 1.0}, seq_len=T, seed=cfg.seed,
+                                                  split="val", min_doc_tokens=d.min_doc_tokens))
+        except ValueError as exc:
+            if not d.min_doc_tokens:
+                raise
+            print(f"validation: {name} left out: {exc}", flush=True)  # no held-out document that long
     return train, val
 
 
@@ -97,6 +104,9 @@ class Trainer:
                                flops_per_token=flops_per_token(n_matmul, cfg.model, cfg.batch.seq_len),
                                peak=device_peak(self.dist.device, cfg.metrics.peak_flops),
                                train_tokens=cfg.train_tokens)
+        if getattr(train_source, "left_out", None):
+            self.metrics.log_event({"event": "sources_left_out", "sources": train_source.left_out,
+                                    "reason": f"no document of {cfg.data.min_doc_tokens} tokens or more"})
         self.checkpointer = Checkpointer.for_run(cfg, self.dist, on_event=self.metrics.log_event)
         self._pending: dict = {}
         self.history: list[dict] = []  # per step: step, loss, grad_norm, lr, batch, applied, samples

@@ -38,7 +38,7 @@ def write_recipe(path, main_steps=6):
                  "metrics": {"log_interval": 1, "eval_batches": 1, "tensorboard": False},
                  "checkpoint": {"interval_steps": 2, "keep_last": 2}},
         "long_context": [{"name": "long_128", "train_tokens": 2 * 4 * 128, "model": {"rope_base": 50000.0},
-                          "batch": {"seq_len": 128, "global_batch": 4, "micro_batch": 4}}],
+                          "batch": {"seq_len": 128, "global_batch": 4, "micro_batch": 4}, "min_doc_tokens": 200}],
         "anneal": {"train_tokens": 2 * 4 * 128, "weights": {"math": 1.0},
                    "schedule": {"kind": "wsd", "decay_fraction": 1.0, "min_lr_ratio": 0.0}},
     }
@@ -75,6 +75,7 @@ def test_every_stage_trains_from_the_one_before_and_is_evaluated(tmp_path, monke
         stages["long_128"]["checkpoint"].split("/store/", 1)[1] + "/manifest.json"))
     assert long_run["config"]["init_from"] == stages["main"]["checkpoint"]
     assert long_run["config"]["batch"]["seq_len"] == 128 and long_run["config"]["model"]["rope_base"] == 50000.0
+    assert long_run["config"]["data"]["min_doc_tokens"] == 200  # only long documents
     assert [r["asset"] for r in long_run["lineage"]][0] == "training/main"
     assert metadata("training/anneal")["weights"] == {"math": 1.0}
 
@@ -92,6 +93,21 @@ def test_every_stage_trains_from_the_one_before_and_is_evaluated(tmp_path, monke
     # And exports as a Llama model, with the tokenizer its lineage names.
     assert main(["export", stages["anneal"]["checkpoint"], str(tmp_path / "hf")]) == 0
     assert (tmp_path / "hf" / "tokenizer.json").exists() and (tmp_path / "hf" / "model.safetensors").exists()
+
+    # The Launchpad starts from the recipe's values; a bad override fails naming the field, before training.
+    from assets.definitions import build_defs
+    from assets.recipe import load_recipe
+
+    defs = build_defs(load_recipe(recipe))
+    job = defs.resolve_implicit_global_asset_job_def()
+    op = job.graph.node_named("training__main").definition
+    assert op.config_schema.config_type.fields["train_tokens"].default_value == 6 * 8 * 64
+    result = job.execute_in_process(instance=DagsterInstance.get(), asset_selection=[AssetKey(["training", "main"])],
+                                    run_config={"ops": {"training__main": {"config": {"seq_len": 0}}}},
+                                    raise_on_error=False)
+    assert not result.success
+    error = result.get_step_failure_events()[0].step_failure_data.error.to_string()
+    assert "launchpad config of training/main.batch.seq_len must be >= 1" in error
 
 
 @pytest.mark.slow  # ~1-2 min
@@ -136,3 +152,52 @@ def test_a_killed_main_run_resumes_from_its_last_checkpoint(tmp_path, monkeypatc
     assert steps == list(range(committed + 1, 13))  # nothing before the checkpoint is trained again
     assert max(trained_before) >= committed
     assert metadata("training/main")["steps"] == 12
+
+
+@pytest.mark.slow  # ~2-3 min: the chain with a sweep, twice
+def test_a_changed_filter_threshold_reruns_that_source_through_training_and_reuses_the_rest(
+        tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    recipe = tmp_path / "recipe.yaml"
+
+    def write(threshold):
+        write_recipe(recipe)
+        raw = yaml.safe_load(recipe.read_text())
+        for source in raw["sources"]:
+            source["filter"] = {"gopher_quality": {"max_non_alpha_words_ratio": threshold if source["name"] == "c4"
+                                                   else 0.8}}
+        # An adopted tokenizer: the same file whatever the documents, so the other source's packed output stays.
+        raw["tokenizer"] = {"path": "tokenizers/gpt2/tokenizer.json"}
+        raw["training"]["main"]["model"]["vocab_size"] = 50304
+        raw["training"]["main"]["train_tokens"] = 2 * 8 * 64
+        raw["training"].pop("long_context")
+        raw["training"].pop("anneal")
+        raw["mixing"] = {"prior": {"c4": 0.5, "math": 0.5}, "candidates": 2, "proxy": {"train_tokens": 8 * 64}}
+        raw["evaluation"] = {"tasks": ["arc_easy"], "limit": 2, "val_sequences": 2, "canary": None}
+        recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
+
+    write(0.8)
+    monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
+    assert main(["materialize"]) == 0
+    instance = DagsterInstance.get()
+    keys = [k.to_user_string() for k in instance.get_asset_keys()]
+
+    def counts():
+        return {k: len(instance.fetch_materializations(AssetKey.from_user_string(k), limit=100).records) for k in keys}
+
+    before, math_decontaminated = counts(), metadata("curation/math/decontaminated")["prefix"]
+    write(0.5)
+    capsys.readouterr()
+    assert main(["materialize", "--stale"]) == 0
+    after = counts()
+    rerun = {k for k in keys if after[k] != before[k]}
+    must = {"curation/c4/filtered", "curation/deduplicated", "curation/c4/decontaminated", "tokenization/c4/packed",
+            "mixing/mix_sweep", "mixing/mixture_weights", "training/main", "evaluation/main"}
+    assert must <= rerun, sorted(rerun)
+    never = {"curation/c4/raw_crawl", "curation/math/raw_crawl", "curation/math/filtered", "tokenization/math/packed",
+             "mixing/mix_candidates"}
+    assert not (never & rerun), sorted(never & rerun)
+    # Dagster saw math's decontaminated as stale (its upstream changed), but its slice of the dedup output did not:
+    # the committed output was found and reused, not recomputed.
+    assert metadata("curation/math/decontaminated")["prefix"] == math_decontaminated

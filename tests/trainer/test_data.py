@@ -216,3 +216,21 @@ def test_the_trainer_learns_from_packed_shards_and_reports_each_domain(shards, t
         assert loss < before[name] - 1.0, (name, before[name], loss)
     # The samples the trainer consumed are the mixture's, in order: its state is the global sample index.
     assert trainer.train_source.batch(list(range(4)))["tokens"].shape == (4, 65)
+
+
+def test_a_long_context_stage_reads_only_long_documents(shards):
+    """min_doc_tokens: windows come from documents at least that long; a source without one is left out."""
+    lengths = {name: np.diff(PackedSource(name, folder, "train")._offsets) for name, folder in shards.items()}
+    threshold = int(np.percentile(lengths["code"], 90))
+    assert lengths["math"].max() < threshold  # GSM8K problems are short: math has none that long
+    data = MixtureDataset(config(shards, seq_len=256, min_doc_tokens=threshold))
+    assert (data.left_out, data.names) == (["books", "math"], ["code"])  # short problems, short speeches
+    for name, source in zip(data.names, data.sources):
+        kept = np.diff(source._offsets)
+        assert (kept >= threshold).all() and len(kept) == int((lengths[name] >= threshold).sum())
+        assert source.document(0).tolist() == PackedSource(name, shards[name], "train").document(
+            int(np.flatnonzero(lengths[name] >= threshold)[0])).tolist()
+    batch = data.batch(list(range(64)))
+    assert set(batch["sources"]) <= set(data.names)
+    with pytest.raises(ValueError, match="min_doc_tokens"):
+        MixtureDataset(config(shards, weights={"math": 1.0, "books": 0.0, "code": 0.0}, min_doc_tokens=threshold))
