@@ -251,10 +251,15 @@ def _materialize(args) -> int:
     # re-materialized), so loop until nothing in the selection is stale or missing.
     wanted = set(factory.select(args.select))
     done: list = []
+    graph = factory.defs.resolve_asset_graph()
     for _ in range(len(factory.keys) + 1):
         todo = [key for key, state, _ in factory.statuses() if state != "fresh" and key in wanted]
         if not todo:
             break
+        # What has a stale ancestor waits for it: rerun first, the ancestor may change what this one reads
+        # (a training stage waits for the mixture weights its sweep is about to refit), so nothing runs twice.
+        pending = set(todo)
+        todo = [key for key in todo if not (factory._ancestors(graph, key) & pending)]
         if any(key in done for key in todo):
             print(f"pretrain: still stale after materializing: {', '.join(k.to_user_string() for k in todo)}", file=sys.stderr)
             return 1

@@ -23,7 +23,7 @@ from assets.versioning import code_version, file_fingerprints, manifest_header, 
 from pipelines.decontam import BenchmarkIndex, DecontamConfig, decontaminate
 from pipelines.ingest import expand_inputs
 from resources.scratch import ScratchResource
-from resources.store import commit_folder, read_manifest
+from resources.store import commit_folder, data_version_of, read_manifest
 from resources.store_resource import StoreResource
 
 # Bump when the decontamination code changes what it writes for the same settings.
@@ -76,8 +76,13 @@ def decontaminated_asset(recipe: Recipe, source: SourceConfig, upstream_key: Ass
             benchmarks = benchmark_files(recipe)
         except ValueError as exc:
             raise Failure(description=str(exc)) from exc
+        # Keyed on this source's slice of the dedup output, not the whole: a change in another source that
+        # leaves this one's documents as they were finds this output committed and reuses it, so its data
+        # version, and everything downstream of it, stays as it was.
+        own = [f for f in upstream.manifest["files"] if f["path"].startswith(f"{source.name}/")]
         vkey = version_key(
-            version, upstream={upstream_key.to_user_string(): upstream.data_version}, inputs=file_fingerprints(benchmarks)
+            version, upstream={f"{upstream_key.to_user_string()}[{source.name}]": data_version_of(own)},
+            inputs=file_fingerprints(benchmarks),
         )
         prefix = "/".join(key.path + [vkey])
 
