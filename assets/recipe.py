@@ -109,6 +109,16 @@ class Recipe(BaseModel):
             raise ValueError(f"prior names sources {unknown} that the recipe does not have ({sorted(sources)})")
         return mixing
 
+    @field_validator("training")
+    @classmethod
+    def _anneal_names_sources(cls, training, info):
+        sources = {s.name for s in info.data.get("sources") or []}
+        weights = training.anneal.weights if training is not None and training.anneal is not None else None
+        unknown = sorted(set(weights or {}) - sources)
+        if unknown:
+            raise ValueError(f"anneal.weights names sources {unknown} that the recipe does not have ({sorted(sources)})")
+        return training
+
     @property
     def input_root(self) -> Path:
         anchor = self.path.parent if self.path else Path.cwd()

@@ -68,8 +68,8 @@ class DataConfig:
             raise ValueError(f"the weights sum to zero: {self.weights}")
 
 
-class ShortSource(ValueError):
-    """A source with no document as long as a long-context stage asks for."""
+class NoDocuments(ValueError):
+    """A source's split with no document to read: empty, or none as long as a long-context stage asks for."""
 
 
 class PackedSource:
@@ -114,7 +114,7 @@ class PackedSource:
                 f"the manifest says {info['tokens']} / {info['documents']}"
             )
         if self.tokens == 0:
-            raise ValueError(f"source {name!r}: the {split} split of {self.folder} has no tokens")
+            raise NoDocuments(f"source {name!r}: the {split} split of {self.folder} has no tokens")
         if self._offsets[0] != 0 or self._offsets[-1] != self.tokens:
             raise ValueError(f"source {name!r}: {paths['offsets_file']} does not span the token stream")
         if min_doc_tokens > 0:
@@ -126,7 +126,7 @@ class PackedSource:
         lengths = np.diff(self._offsets)
         keep = np.flatnonzero(lengths >= min_tokens)
         if len(keep) == 0:
-            raise ShortSource(f"source {self.name!r}: no document of the {split} split has {min_tokens} tokens or "
+            raise NoDocuments(f"source {self.name!r}: no document of the {split} split has {min_tokens} tokens or "
                               f"more (the longest has {int(lengths.max())})")
         self._tokens = np.concatenate([np.asarray(self._tokens[self._offsets[d]:self._offsets[d + 1]]) for d in keep])
         self._offsets = np.concatenate([[0], np.cumsum(lengths[keep])]).astype(np.int64)
@@ -170,13 +170,16 @@ class MixtureDataset:
             try:
                 self.sources.append(PackedSource(name, config.shards[name], config.split, verify=config.verify,
                                                  min_doc_tokens=config.min_doc_tokens))
-            except ShortSource:
-                self.left_out.append(name)
+            except NoDocuments:
+                if not config.min_doc_tokens:
+                    raise  # an empty source with a weight is a mistake, named by the error
+                self.left_out.append(name)  # a long-context stage: this source has no document that long
                 continue
             self.names.append(name)
         if not self.sources:
-            raise ValueError(f"no source of {sorted(config.weights)} has a {config.split} document of "
-                             f"{config.min_doc_tokens} tokens or more (data.min_doc_tokens)")
+            raise NoDocuments(f"no source of {sorted(config.weights)} has a {config.split} document"
+                              + (f" of {config.min_doc_tokens} tokens or more (data.min_doc_tokens)"
+                                 if config.min_doc_tokens else ""))
         weights = np.array([config.weights[name] for name in self.names], dtype=np.float64)
         self.weights = weights / weights.sum()
         self.vocab_size = max(source.vocab_size for source in self.sources)  # the model's embedding must cover it

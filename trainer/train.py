@@ -49,6 +49,8 @@ def build_sources(cfg: RunConfig) -> tuple[BatchSource, dict[str, BatchSource]]:
         return text("train"), {"text": text("val")}
     from trainer.data import DataConfig, MixtureDataset
 
+    from trainer.data import NoDocuments
+
     weights = d.weights or {name: 1.0 for name in d.shards}
     train = MixtureDataset(DataConfig(shards=dict(d.shards), weights=weights, seq_len=T, seed=cfg.seed, split="train",
                                       min_doc_tokens=d.min_doc_tokens))
@@ -57,10 +59,8 @@ def build_sources(cfg: RunConfig) -> tuple[BatchSource, dict[str, BatchSource]]:
         try:
             val[name] = MixtureDataset(DataConfig(shards={name: folder}, weights={name: 1.0}, seq_len=T, seed=cfg.seed,
                                                   split="val", min_doc_tokens=d.min_doc_tokens))
-        except ValueError as exc:
-            if not d.min_doc_tokens:
-                raise
-            print(f"validation: {name} left out: {exc}", flush=True)  # no held-out document that long
+        except NoDocuments as exc:  # a small source may hold out no document (or none that long)
+            print(f"validation: {name} left out: {exc}", flush=True)
     return train, val
 
 

@@ -27,6 +27,8 @@ def write_recipe(path, mirror_file, mutate=lambda raw: None):
     # Two benchmark files keep the index small; the demo's list is exercised by the engine tests.
     raw["decontamination"]["benchmarks"] = ["benchmarks/gsm8k_test.jsonl", "benchmarks/HumanEval.jsonl.gz"]
     raw.pop("quality_classifier", None)  # trained on the demo's `web` source, which this copy leaves out
+    for section in ("mixing", "training"):  # they name the demo's sources
+        raw.pop(section, None)
     mutate(raw)
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
 

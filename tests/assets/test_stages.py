@@ -33,6 +33,7 @@ def test_demo_stages_merge_over_the_stage_before():
          "training.anneal.learning_rate: not a stage field"),
         (lambda raw: raw["mixing"]["prior"].update(wiki=0.1), "prior names sources ['wiki']"),
         (lambda raw: raw["mixing"].update(target="wiki"), "target must be 'average' or one of"),
+        (lambda raw: raw["training"]["anneal"]["weights"].update(wiki=1.0), "anneal.weights names sources ['wiki']"),
     ],
 )
 def test_a_bad_stage_names_the_stage_and_field(tmp_path, mutate, expected):
