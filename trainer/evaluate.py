@@ -189,7 +189,7 @@ def evaluate_checkpoint(step_folder: str | Path, *, tokenizer: str | Path, bench
     """Everything the evaluation asset reports for one checkpoint step (CPU or the first CUDA device)."""
     from tokenizers import Tokenizer
 
-    from trainer.data import DataConfig, MixtureDataset
+    from trainer.data import DataConfig, MixtureDataset, NoDocuments
     from trainer.model import Transformer
     from trainer.weights import checkpoint_weights, model_config
 
@@ -204,10 +204,14 @@ def evaluate_checkpoint(step_folder: str | Path, *, tokenizer: str | Path, bench
     results: dict = {"step": manifest["step"], "tokens": manifest.get("tokens"), "seq_len": seq_len}
 
     with torch.no_grad():
-        per_domain = {}
+        per_domain, left_out = {}, []
         for name, folder in sorted(val.items()):
-            source = MixtureDataset(DataConfig(shards={name: folder}, weights={name: 1.0}, seq_len=seq_len,
-                                               seed=0, split="val", shuffle=False))
+            try:
+                source = MixtureDataset(DataConfig(shards={name: folder}, weights={name: 1.0}, seq_len=seq_len,
+                                                   seed=0, split="val", shuffle=False))
+            except NoDocuments:  # a small source may hold out no document
+                left_out.append(name)
+                continue
             total, n = 0.0, 0
             for start in range(0, val_sequences, batch_size):
                 batch = source.batch(list(range(start, min(start + batch_size, val_sequences))))
@@ -217,7 +221,7 @@ def evaluate_checkpoint(step_folder: str | Path, *, tokenizer: str | Path, bench
                 total += float(ce) * len(batch["indices"])
                 n += len(batch["indices"])
             per_domain[name] = total / n
-        results["val_loss"] = per_domain
+        results["val_loss"], results["val_left_out"] = per_domain, left_out
 
         if canary is not None:
             ids = tok.encode(Path(canary).read_text(encoding="utf-8"), add_special_tokens=False).ids

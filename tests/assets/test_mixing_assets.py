@@ -24,6 +24,8 @@ def write_recipe(path, proxy_tokens: int = PROXY["train_tokens"]):
     raw["decontamination"]["benchmarks"] = ["benchmarks/gsm8k_test.jsonl"]
     raw["tokenizer"] = {"vocab_size": 1024, "sample_bytes": 400000}
     raw.pop("quality_classifier", None)
+    for stage in ("long_context", "anneal"):  # the proxy is training.main with mixing.proxy over it
+        raw["training"].pop(stage, None)
     raw["mixing"] = {"prior": {"c4": 0.5, "math": 0.5}, "candidates": 3, "concentration": 4.0, "target": "average",
                      "proxy": {**PROXY, "train_tokens": proxy_tokens}}
     path.write_text(yaml.safe_dump(raw, sort_keys=False))

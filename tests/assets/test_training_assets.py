@@ -16,6 +16,7 @@ from assets.cli import main
 from assets.definitions import build_resources
 from assets.recipe import DEMO_RECIPE
 from tests.conftest import REPO
+from trainer.checkpoint_store import LocalCheckpoints
 
 MODEL = {"vocab_size": 1024, "d_model": 32, "n_layers": 1, "n_heads": 2}
 BATCH = {"global_batch": 8, "micro_batch": 8, "seq_len": 64, "ramp_start": None, "ramp_tokens": 0}
@@ -141,7 +142,8 @@ def test_a_killed_main_run_resumes_from_its_last_checkpoint(tmp_path, monkeypatc
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    committed = max(r["step"] for r in records if r.get("event") == "committed")
+    # What was committed when the kill came (the event may not have reached the metrics file yet).
+    committed = LocalCheckpoints(metrics.parent.parent / "checkpoints").committed()[-1]
     trained_before = [r["step"] for r in records if r.get("event") == "train"]
 
     assert main(["materialize", "--select", "training/main"]) == 0
