@@ -361,7 +361,7 @@ def _export(args) -> int:
 
     with tempfile.TemporaryDirectory(prefix="pretrain-export-") as tmp:
         try:
-            from trainer.weights import local_step
+            from trainer.checkpoint_store import local_step
 
             step_folder = local_step(args.checkpoint, Path(tmp) / "steps")
             from trainer.export import export_hf_llama

@@ -35,7 +35,7 @@ from resources.launcher import LauncherResource
 from resources.scratch import ScratchResource
 from resources.store import commit_folder, read_manifest
 from resources.store_resource import StoreResource
-from trainer.checkpoint_store import LocalCheckpoints, RemoteCheckpoints
+from trainer.checkpoint_store import local_copy
 
 EVALUATION_IMPLEMENTATION = "v1"
 RESULTS_FILE = "results.json"
@@ -49,18 +49,6 @@ def evaluation_assets(recipe: Recipe) -> list:
     if recipe.training is None:
         return []
     return [_evaluation_asset(recipe, name) for name, _ in recipe.training.stage_settings()]
-
-
-def _local_checkpoint(store, prefix: str, scratch_root: Path) -> Path:
-    here = store.local_path(prefix)
-    if here is not None:
-        return Path(here)
-    run, _, name = prefix.rpartition("/")
-    local = LocalCheckpoints(scratch_root / "checkpoint-cache" / run)
-    step = int(name.removeprefix("step-"))
-    if step in local.committed():
-        return local.path(step)
-    return RemoteCheckpoints(store, run).download(step, local).path
 
 
 def _evaluation_asset(recipe: Recipe, stage: str):
@@ -89,7 +77,9 @@ def _evaluation_asset(recipe: Recipe, stage: str):
         manifest = read_manifest(object_store, prefix)
         if manifest is None:
             work = scratch.new_dir("/".join(key.path))
-            step_folder = _local_checkpoint(object_store, trained.manifest["checkpoint"]["prefix"], Path(scratch.root))
+            checkpoint = trained.manifest["checkpoint"]["prefix"]
+            step_folder = local_copy(object_store, checkpoint,
+                                     Path(scratch.root) / "checkpoint-cache" / checkpoint.rpartition("/")[0])
             [tokenizer] = inputs.tokenizer.download(object_store, work / "tokenizer", TOKENIZER_FILE)
             out = work / "out"
             out.mkdir()

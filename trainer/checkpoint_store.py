@@ -647,3 +647,29 @@ def find_resume(local: LocalCheckpoints, remote: RemoteCheckpoints | None,
         except CorruptCheckpoint as exc:
             log(f"{exc}; {'using an older one' if i else 'no older remote checkpoint'}")
     return None
+
+
+def local_copy(store: ObjectStore, key: str, cache_dir: str | Path) -> Path:
+    """A verified local copy of the committed checkpoint step `key` (…/step-<N>) of `store`: the folder itself
+    when the store is on this machine, else downloaded once into cache_dir (one cache folder per run)."""
+    run, _, name = key.rstrip("/").rpartition("/")
+    if not name.startswith("step-") or not name[5:].isdigit():
+        raise ValueError(f"{store.uri(key)}: give a checkpoint step folder (…/step-<N>)")
+    here = store.local_path(key)
+    if here is not None:
+        return Path(here)
+    local = LocalCheckpoints(Path(cache_dir))
+    step = int(name[5:])
+    if step in local.committed():
+        return local.path(step)
+    return RemoteCheckpoints(store, run).download(step, local).path
+
+
+def local_step(uri: str, cache_dir: str | Path) -> Path:
+    """local_copy of the checkpoint step at `uri` (a path, file:// or s3://…/step-<N>)."""
+    from resources.store import open_store
+
+    parent, _, name = str(uri).rstrip("/").rpartition("/")
+    if not name.startswith("step-") or not name[5:].isdigit():
+        raise ValueError(f"{uri}: give a checkpoint step folder (…/step-<N>)")
+    return local_copy(open_store(parent), name, cache_dir)

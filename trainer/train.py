@@ -116,7 +116,8 @@ class Trainer:
                 self.checkpointer.check_batch(point, cfg)
             if point is None and cfg.init_from:
                 # A new stage continues from the stage before: its weights, a fresh optimizer and schedule.
-                from trainer.weights import load_initial_weights, local_step
+                from trainer.checkpoint_store import local_step
+                from trainer.weights import load_initial_weights
 
                 cache = Path(cfg.output_dir) / "init_from"
                 if self.dist.rank == 0:

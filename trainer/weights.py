@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.checkpoint_store import LocalCheckpoints
+from trainer.checkpoint_store import LocalCheckpoints, local_step
 from trainer.config import ModelConfig, RunConfig, from_dict
 
 DS_TAG = "ds"  # trainer/checkpoint.py writes DeepSpeed's files under <step>/ds/
@@ -48,27 +48,6 @@ def checkpoint_weights(step_folder: str | Path, *, verify: bool = True) -> tuple
         [model_file] = sorted(ds.glob("*model_states.pt"))
         state = torch.load(model_file, map_location="cpu", weights_only=False)["module"]
     return {name: t.detach().to(torch.float32) for name, t in state.items()}, manifest
-
-
-def local_step(uri: str, cache_dir: str | Path) -> Path:
-    """A verified local copy of the checkpoint step at `uri` (path, file:// or s3://…/step-<N>): the folder
-    itself when it is on this machine, else downloaded (once) into cache_dir."""
-    from resources.store import open_store
-    from trainer.checkpoint_store import RemoteCheckpoints
-
-    uri = str(uri).rstrip("/")
-    parent, _, name = uri.rpartition("/")
-    if not name.startswith("step-") or not name[5:].isdigit():
-        raise ValueError(f"{uri}: give a checkpoint step folder (…/step-<N>)")
-    store = open_store(parent)
-    here = store.local_path(name)
-    if here is not None:
-        return Path(here)
-    local = LocalCheckpoints(Path(cache_dir))
-    step = int(name[5:])
-    if step in local.committed():
-        return local.path(step)
-    return RemoteCheckpoints(store, "").download(step, local).path
 
 
 def load_initial_weights(model: torch.nn.Module, uri: str, cache_dir: str | Path) -> dict:
