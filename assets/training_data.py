@@ -40,10 +40,6 @@ class TrainingInputs:
         return {**versions, self.tokenizer.key.to_user_string(): self.tokenizer.data_version}
 
     @property
-    def vocab_size(self) -> int:
-        return int(self.tokenizer.manifest["tokenizer"]["vocab_size"])
-
-    @property
     def tokenizer_sha256(self) -> str:
         return self.tokenizer.manifest["tokenizer"]["sha256"]
 
