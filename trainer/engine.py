@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as torch_dist
@@ -30,21 +31,23 @@ class Dist:
     created: bool  # this process created the process group (and so destroys it)
 
 
-def init_distributed() -> Dist:
-    """Join (or, alone, create) the process group: nccl on CUDA, gloo on CPU."""
+def init_distributed(*, timeout_s: float | None = None) -> Dist:
+    """Join (or, alone, create) the process group: nccl on CUDA, gloo on CPU. `timeout_s` bounds every
+    collective (the backstop of the step watchdog, trainer.watchdog)."""
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
     created = False
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if not torch_dist.is_initialized():
         import deepspeed
 
+        timeout = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
         if "WORLD_SIZE" not in os.environ:
             # Alone (no launcher): a one-rank group on an in-memory store, so the code path is the same
             # as under torchrun without a TCP port that another process could take first.
             # DeepSpeed asserts LOCAL_RANK; WORLD_SIZE stays unset so a child process also runs alone.
             os.environ.setdefault("LOCAL_RANK", "0")
-            torch_dist.init_process_group(backend, store=torch_dist.HashStore(), rank=0, world_size=1)
-        deepspeed.init_distributed(dist_backend=backend, verbose=False)
+            torch_dist.init_process_group(backend, store=torch_dist.HashStore(), rank=0, world_size=1, **timeout)
+        deepspeed.init_distributed(dist_backend=backend, verbose=False, **timeout)
         created = True
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():

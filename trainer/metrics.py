@@ -90,7 +90,7 @@ class Metrics:
         self._window_tokens += tokens
 
     def log_step(self, *, step: int, tokens: int, loss: float, grad_norm: float, lr: float, batch: int,
-                 total_steps_hint: int | None = None) -> dict:
+                 rank_busy_s: list[float] | None = None) -> dict:
         """Summarise the window since the last call (throughput is over the whole window)."""
         now = time.perf_counter()
         elapsed = max(now - self._window_start, 1e-9)
@@ -102,6 +102,8 @@ class Metrics:
         record = {"event": "train", "step": step, "tokens": tokens, "loss": loss, "grad_norm": grad_norm,
                   "lr": lr, "batch": batch, "tokens_per_s": tps, "mfu": mfu, "peak": self.peak_label,
                   "time": time.time()}
+        if rank_busy_s:
+            record["rank_busy_s"] = [round(t, 4) for t in rank_busy_s]  # the last step's, per rank (stragglers)
         if self.active:
             print(
                 f"step {step:>6} | tokens {tokens:>12,} ({100 * tokens / self.train_tokens:5.1f}%) | loss {loss:.4f} | "
@@ -113,6 +115,8 @@ class Metrics:
             self._log(f"step {step} | loss {loss:.4f} | lr {lr:.2e} | {tps:,.0f} tok/s | MFU {100 * mfu:.2f}%")
             for key in ("loss", "grad_norm", "lr", "tokens_per_s", "mfu", "batch"):
                 self._scalar(f"train/{key}", record[key], step)
+            for rank, seconds in enumerate(rank_busy_s or []):
+                self._scalar(f"ranks/busy_s/{rank}", seconds, step)
         return record
 
     def log_eval(self, *, step: int, losses: dict[str, float]) -> None:
@@ -123,6 +127,15 @@ class Metrics:
         self._log(f"step {step} | validation " + " | ".join(f"{k} {v:.4f}" for k, v in losses.items()))
         for name, value in losses.items():
             self._scalar(f"val/{name}", value, step)
+
+    def log_health(self, record: dict) -> None:
+        """Per-layer health figures (trainer.health): the metrics file and TensorBoard, no progress line."""
+        if not self.active:
+            return
+        self._write({**record, "time": time.time()})
+        for layer, figures in record["layers"].items():
+            for metric, value in figures.items():
+                self._scalar(f"health/{layer}/{metric}", value, record["step"])
 
     def log_event(self, record: dict) -> None:
         """Anything else worth keeping (a skipped step, the run's end)."""

@@ -11,7 +11,10 @@ guard's rollback: restore the newest checkpoint before the spike, then jump the 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import math
+import socket
+import time
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -22,10 +25,14 @@ from trainer.checkpoint import Checkpointer
 from trainer.config import RunConfig
 from trainer.data import rank_indices
 from trainer.engine import Dist, build_engine, init_distributed
+from trainer.faults import Faults
 from trainer.guard import GuardStop, RollbackRequested, SpikeGuard, TooManySkips, Verdict
+from trainer.health import GradientProbe, LayerHealth
 from trainer.metrics import Metrics, device_peak, flops_per_token
 from trainer.model import CausalLM
 from trainer.optim import batch_at, lr_at, set_lr
+from trainer.rank_checks import CanaryCheck, SDCCheck, StragglerCheck, describe
+from trainer.watchdog import StepWatchdog
 
 
 class BatchSource(Protocol):
@@ -86,7 +93,8 @@ class Trainer:
     def __init__(self, cfg: RunConfig, *, dist: Dist | None = None, train_source: BatchSource | None = None,
                  val_sources: dict[str, BatchSource] | None = None):
         self.cfg = cfg
-        self.dist = dist or init_distributed()
+        self.dist = dist or init_distributed(timeout_s=cfg.watchdog.collective_timeout_s)
+        self.faults = Faults.from_env(self.dist.rank)
         if train_source is None:
             train_source, built_val = build_sources(cfg)
             val_sources = built_val if val_sources is None else val_sources
@@ -108,6 +116,14 @@ class Trainer:
             self.metrics.log_event({"event": "sources_left_out", "sources": train_source.left_out,
                                     "reason": f"no document of {cfg.data.min_doc_tokens} tokens or more"})
         self.checkpointer = Checkpointer.for_run(cfg, self.dist, on_event=self.metrics.log_event)
+        self.hosts = self._hosts()
+        self.sdc = SDCCheck(cfg.sdc, self.hosts)
+        self.canary = CanaryCheck(cfg.sdc)
+        self.stragglers = StragglerCheck(cfg.straggler, self.hosts)
+        self.watchdog = StepWatchdog(cfg.watchdog, rank=self.dist.rank, world_size=self.dist.world_size,
+                                     output_dir=cfg.output_dir, on_fire=self.metrics.log_event)
+        self._canary_batch = self._pick_canary()
+        self._rank_busy: list[float] = []
         self._pending: dict = {}
         self.history: list[dict] = []  # per step: step, loss, grad_norm, lr, batch, applied, samples
         point = self.checkpointer.find_resume() if cfg.checkpoint.resume else None
@@ -135,6 +151,7 @@ class Trainer:
                                         "path": str(point.path), "world_size": point.manifest["world_size"],
                                         "universal": universal})
         except BaseException:
+            self.watchdog.close()
             self.checkpointer.close(wait=False)
             self.metrics.close()
             raise
@@ -142,6 +159,27 @@ class Trainer:
     def _new_model(self) -> None:
         torch.manual_seed(self.cfg.seed)  # identical initial weights on every rank
         self.model = CausalLM(self.cfg.model).to(self.dist.device)
+        # This rank's own gradients (SDC check, per-layer health) are read by hooks on the model's parameters.
+        self.probe = GradientProbe(self.model, self.faults)
+        self.health = LayerHealth(self.cfg.health, self.model, self.probe, zero_stage=self.cfg.deepspeed.zero_stage)
+
+    def _hosts(self) -> list[str]:
+        """Each rank's host name, by rank (stragglers and corrupt ranks are reported with their host)."""
+        hosts = [socket.gethostname()]
+        if self.dist.world_size > 1:
+            hosts = [None] * self.dist.world_size
+            torch_dist.all_gather_object(hosts, socket.gethostname())
+        return hosts
+
+    def _pick_canary(self) -> dict | None:
+        """The canary: the first micro-batch of the first held-out domain, the same on every rank."""
+        if not (self.cfg.sdc.enabled and self.cfg.sdc.canary_interval):
+            return None
+        if not self.val_sources:
+            self.metrics.log_event({"event": "canary_off", "reason": "no held-out data to take the canary batch from"})
+            return None
+        name, source = next(iter(self.val_sources.items()))
+        return {"domain": name, "batch": source.batch(list(range(self.cfg.batch.micro_batch)))}
 
     def _build_engine(self, *, load_universal: bool = False) -> None:
         self.engine, self.optimizer, self.grad_norm = build_engine(self.model, self.cfg, self.dist,
@@ -152,11 +190,14 @@ class Trainer:
     # -- the guard's hook inside DeepSpeed's step -------------------------------------------------
     def _gate(self) -> bool:
         # Called by the client optimizer once per parameter group; judge once per step.
-        if self._pending.get("verdict") is None:
-            p = self._pending
+        p = self._pending
+        if p.get("verdict") is None:
             p["verdict"] = self.guard.judge(step=p["step"], loss=p["loss"], grad_norm=self.grad_norm(),
                                             samples=p["samples"])
-        return self._pending["verdict"].apply
+        elif math.isnan(p["verdict"].grad_norm) and math.isfinite(p["verdict"].loss):
+            # Refused before DeepSpeed's step (an SDC outlier): its global grad norm is known only now.
+            p["verdict"] = replace(p["verdict"], grad_norm=self.grad_norm())
+        return p["verdict"].apply
 
     def _to_device(self, batch: dict) -> tuple[torch.Tensor, ...]:
         # Sources give numpy arrays (MixtureDataset) or tensors (TextSource).
@@ -166,7 +207,17 @@ class Trainer:
         return t["tokens"][:, :-1], t["tokens"][:, 1:], t["doc_ids"][:, :-1], t["positions"][:, :-1]
 
     def step(self) -> Verdict:
-        """One optimizer step over one global batch (gradient accumulation inside)."""
+        """One optimizer step over one global batch (gradient accumulation inside), under the watchdog."""
+        self.watchdog.arm(self.state.step)
+        try:
+            verdict = self._step()
+        except BaseException:
+            self.watchdog.pause()
+            raise
+        self.watchdog.disarm()
+        return verdict
+
+    def _step(self) -> Verdict:
         cfg, st, d = self.cfg, self.state, self.dist
         T, micro = cfg.batch.seq_len, cfg.batch.micro_batch
         B = batch_at(st.tokens, cfg.batch)
@@ -181,21 +232,44 @@ class Trainer:
         self._pending = {"step": st.step, "samples": (st.sample_index, st.sample_index + B), "verdict": None}
         loss_sum = torch.zeros((), dtype=torch.float32, device=d.device)
         self.engine.train()
+        # Busy time: this rank's own work (data, forward, backward outside the accumulation boundary), not
+        # the time it waits for the others inside the boundary's gradient reduction: the straggler figure.
+        started = time.perf_counter()
+        self.faults.in_step(st.step)
+        self.faults.blow_up(st.step, self.model.transformer.blocks)
+        self.probe.start(st.step)
+        health_weights = self.health.start() if self.health.due(st.step) else None
+        busy = 0.0
         for m in range(accum):
+            last = m == accum - 1
             batch = self.train_source.batch(indices[m * micro:(m + 1) * micro])
             inputs, targets, doc_ids, positions = self._to_device(batch)
             # DeepSpeed counts micro-steps over the whole run, so after a ramp changes the accumulation
             # its own boundary would fall mid-step: say where the boundary is.
-            self.engine.set_gradient_accumulation_boundary(m == accum - 1)
+            self.engine.set_gradient_accumulation_boundary(last)
             loss, _ = self.engine(inputs, targets, doc_ids, positions)
+            if last:
+                busy = time.perf_counter() - started
             self.engine.backward(loss)
             loss_sum += loss.detach().float()
-            if m == accum - 1:
-                # The guard needs the global mean loss before DeepSpeed's boundary step calls the gate.
-                if d.world_size > 1:
-                    torch_dist.all_reduce(loss_sum)
-                self._pending["loss"] = loss_sum.item() / (accum * d.world_size)
+            if last:
+                # The guard needs the global mean loss before DeepSpeed's boundary step calls the gate; the
+                # SDC and straggler checks need every rank's own loss, gradient norm and busy time.
+                per_rank = self._gather([loss_sum, self.probe.local_norm(), torch.tensor(busy, device=d.device)])
+                self._pending["loss"] = sum(r[0] for r in per_rank) / (accum * d.world_size)
+                self._pending["figures"] = {"loss": [r[0] / accum for r in per_rank],
+                                            "grad_norm": [r[1] for r in per_rank]}
+                self._rank_busy = [r[2] for r in per_rank]
+                self._pending["outliers"] = self.sdc.judge(st.step, self._pending["figures"])
+                self._refuse_early(st.step)
             self.engine.step()
+        if health_weights is not None:
+            record, alarms = self.health.finish(st.step, health_weights)
+            self.metrics.log_health(record)
+            for alarm in alarms:
+                self.metrics.log_event(alarm)
+        for event in self.stragglers.observe(st.step, self._rank_busy):
+            self.metrics.log_event(event)
         verdict = self._pending["verdict"]
         if verdict is None:
             # DeepSpeed found the gradients non-finite and skipped the update without asking the gate.
@@ -211,8 +285,53 @@ class Trainer:
         if not verdict.apply:
             self.metrics.log_event({"event": "skip", "step": verdict.step, "samples": list(verdict.samples),
                                     "reason": verdict.reason, "loss": verdict.loss, "grad_norm": verdict.grad_norm})
-        self.guard.commit(verdict)  # raises when the run must stop
+        outliers = self._pending["outliers"]
+        if self._pending.get("refused"):
+            # Refused for the ranks' sake (SDC), not the data's: not a strike for the spike guard.
+            for o in outliers:
+                self.metrics.log_event({"event": "sdc", **o, "message": f"rank {o['rank']} (host {o['host']}): "
+                                                                         f"{describe(o)}; step {o['step']} not applied"})
+            self.sdc.commit(verdict.step, self._pending["figures"], outliers)  # raises after repeated offences
+        else:
+            self.sdc.commit(verdict.step, self._pending["figures"], [])
+            self.guard.commit(verdict)  # raises when the run must stop
+        if self._canary_batch is not None and self.canary.due(st.step):
+            self._check_canary()
         return verdict
+
+    def _refuse_early(self, step: int) -> None:
+        """Decide before DeepSpeed's step that it must not be applied: a rank's figures are corrupt (or
+        the test asked for a skip). Every rank decides alike: they all see the same gathered figures."""
+        outliers = self._pending["outliers"]
+        reason = None
+        if outliers:
+            reason = "sdc: " + " | ".join(f"rank {o['rank']} {describe(o)}" for o in outliers)
+        elif self.faults.skip(step):
+            reason = "skipped on purpose (PRETRAIN_TEST_FAULT)"
+        if reason is not None:
+            self._pending["refused"] = True
+            self._pending["verdict"] = Verdict(step=step, apply=False, reason=reason, loss=self._pending["loss"],
+                                               grad_norm=math.nan, samples=self._pending["samples"])
+
+    def _gather(self, figures: list[torch.Tensor]) -> list[list[float]]:
+        """Every rank's figures, by rank, as floats (one collective and one device sync per step)."""
+        mine = torch.stack([f.detach().to(torch.float64).reshape(()) for f in figures])
+        if self.dist.world_size == 1:
+            return [mine.tolist()]
+        everyone = [torch.empty_like(mine) for _ in range(self.dist.world_size)]
+        torch_dist.all_gather(everyone, mine)
+        return [t.tolist() for t in everyone]
+
+    @torch.no_grad()
+    def _check_canary(self) -> None:
+        inputs, targets, doc_ids, positions = self._to_device(self._canary_batch["batch"])
+        self.engine.eval()
+        _, ce = self.engine(inputs, targets, doc_ids, positions)
+        self.engine.train()
+        losses = [r[0] for r in self._gather([ce.float()])]
+        record = self.canary.observe(self.state.step, losses, self.hosts)
+        record["domain"] = self._canary_batch["domain"]
+        self.metrics.log_event(record)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -255,7 +374,7 @@ class Trainer:
                     self.metrics.log_step(
                         step=st.step, tokens=st.tokens, loss=sum(h["loss"] for h in applied) / len(applied),
                         grad_norm=sum(h["grad_norm"] for h in applied) / len(applied), lr=window[-1]["lr"],
-                        batch=window[-1]["batch"])
+                        batch=window[-1]["batch"], rank_busy_s=self._rank_busy)
                     window = []
                 if self.val_sources and cfg.metrics.eval_batches and (
                         last or (cfg.metrics.eval_interval and st.step % cfg.metrics.eval_interval == 0)):
@@ -269,6 +388,7 @@ class Trainer:
             raise
         finally:
             # A finished run waits for its uploads (a committed step is never abandoned); a failed one does not.
+            self.watchdog.close()
             ckpt.close(wait=finished)
             self.metrics.close()
         summary = {"steps": st.step, "tokens": st.tokens, "sample_index": st.sample_index, "val_loss": val,
@@ -303,13 +423,16 @@ class Trainer:
 
     def state_dict(self) -> dict:
         """The loop's replayable state apart from model, optimizer and RNG (trainer.checkpoint adds those)."""
-        return {"train": asdict(self.state), "guard": self.guard.state_dict()}
+        return {"train": asdict(self.state), "guard": self.guard.state_dict(), "sdc": self.sdc.state_dict(),
+                "canary": self.canary.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         train = dict(state["train"])
         train["skip_windows"] = [list(w) for w in train.get("skip_windows", [])]
         self.state = TrainState(**train)
         self.guard.load_state_dict(state["guard"])
+        self.sdc.load_state_dict(state.get("sdc", {}))  # absent in checkpoints written before the SDC check
+        self.canary.load_state_dict(state.get("canary", {}))
 
 
 def train(cfg: RunConfig, *, train_source: BatchSource | None = None,

@@ -1,0 +1,169 @@
+"""Per-layer health: weight RMS, activation RMS and gradient norms, with outlier growth flagged.
+
+    probe = GradientProbe(model, faults)     # tensor hooks: this rank's own gradients, before any reduction
+    probe.start(step) ... forward/backward of the step's micro-batches ... probe.local_norm() / per_layer()
+    health = LayerHealth(cfg.health, model, probe)
+    health.start(step)                       # on a health step: activation hooks record the first micro-batch
+    record, alarms = health.finish(step)     # {"event": "health", "layers": {...}}, [{"event": "health_alarm"}]
+
+Layers: "embedding", "block.<i>" for each transformer block, "head" (final norm and output projection).
+The gradient hooks sit on every parameter, ahead of DeepSpeed's accumulation hooks, so they see this
+rank's gradient of each micro-batch before the all-reduce: the figure the SDC check compares across
+ranks. A hook costs one norm of the gradient it sees, accumulated on the device (no sync until the
+step's one gather). A layer's gradient norm is the root of its micro-batch gradients' summed squared
+norms (exactly its gradient norm when a rank takes one micro-batch per step).
+
+A figure is flagged when it grew more than health.growth × over the median of its last health.history
+values and more than health.growth × the typical growth of the same figure in the other layers:
+outlier growth in one layer is the usual early warning of a loss spike (all layers growing together
+early in training is not).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+import torch
+from torch import nn
+
+from trainer.config import HealthConfig
+from trainer.faults import Faults
+
+
+def layer_of(name: str) -> str:
+    """transformer.blocks.3.attn.wq.weight -> block.3; tok_emb -> embedding; norm/head -> head."""
+    parts = name.split(".")
+    if "blocks" in parts:
+        return f"block.{parts[parts.index('blocks') + 1]}"
+    if "tok_emb" in parts:
+        return "embedding"
+    return "head"
+
+
+def layer_names(model: nn.Module) -> list[str]:
+    names: list[str] = []
+    for name, _ in model.named_parameters():
+        layer = layer_of(name)
+        if layer not in names:
+            names.append(layer)
+    return names
+
+
+class GradientProbe:
+    def __init__(self, model: nn.Module, faults: Faults | None = None):
+        self.layers = layer_names(model)
+        index = {layer: i for i, layer in enumerate(self.layers)}
+        device = next(model.parameters()).device
+        self.sq = torch.zeros(len(self.layers), dtype=torch.float32, device=device)
+        self.step = 0
+        self.faults = faults
+        self._handles = []
+        first = True
+        for name, p in model.named_parameters():
+            if not p.requires_grad:
+                continue
+            if first and faults is not None and faults.wants_corruption():
+                # The test's corruption goes in first, so this rank's figures and the all-reduce both see it.
+                self._handles.append(p.register_hook(lambda g: self.faults.corrupt_gradient(self.step, g)))
+            first = False
+            self._handles.append(p.register_hook(self._accumulate(index[layer_of(name)])))
+
+    def _accumulate(self, i: int):
+        def hook(grad: torch.Tensor):
+            norm = torch.linalg.vector_norm(grad, dtype=torch.float32)
+            self.sq[i] += norm * norm
+            return None
+        return hook
+
+    def start(self, step: int) -> None:
+        self.step = step
+        self.sq.zero_()
+
+    def local_norm(self) -> torch.Tensor:
+        """This rank's gradient norm of the step so far (a 0-d tensor on the device: no sync)."""
+        return self.sq.sum().sqrt()
+
+    def per_layer(self) -> dict[str, float]:
+        return dict(zip(self.layers, self.sq.sqrt().tolist()))
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+class LayerHealth:
+    def __init__(self, cfg: HealthConfig, model: nn.Module, probe: GradientProbe, *, zero_stage: int = 0):
+        self.cfg, self.model, self.probe = cfg, model, probe
+        self.zero3 = zero_stage == 3
+        self.active = False
+        self.act: dict[str, float] = {}
+        self.history: dict[tuple[str, str], deque[float]] = {}
+        blocks = model.transformer.blocks
+        self._handles = [block.register_forward_hook(self._activation(f"block.{i}")) for i, block in enumerate(blocks)]
+
+    def due(self, step: int) -> bool:
+        return bool(self.cfg.interval) and step % self.cfg.interval == 0
+
+    def _activation(self, layer: str):
+        def hook(module, inputs, output):
+            if self.active and layer not in self.act:  # the step's first micro-batch only
+                with torch.no_grad():
+                    self.act[layer] = float(output.detach().float().pow(2).mean().sqrt())
+        return hook
+
+    @torch.no_grad()
+    def weight_rms(self) -> dict[str, float]:
+        sums: dict[str, list[float]] = {}
+        params = list(self.model.named_parameters())
+        if self.zero3:
+            # ZeRO-3 keeps a shard per rank: gather (every rank takes part, health steps are the same on all).
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters([p for _, p in params]):
+                return self._rms(params, sums)
+        return self._rms(params, sums)
+
+    @staticmethod
+    def _rms(params, sums) -> dict[str, float]:
+        for name, p in params:
+            s = sums.setdefault(layer_of(name), [0.0, 0])
+            s[0] += float(p.detach().float().pow(2).sum())
+            s[1] += p.numel()
+        return {layer: (total / max(n, 1)) ** 0.5 for layer, (total, n) in sums.items()}
+
+    def start(self) -> dict[str, float]:
+        """At the start of a health step (before its forward): arm the activation hooks, read the weights."""
+        self.active, self.act = True, {}
+        return self.weight_rms()
+
+    def finish(self, step: int, weights: dict[str, float]) -> tuple[dict, list[dict]]:
+        """After the step's backward: the record for the metrics, and the figures flagged for growth."""
+        self.active = False
+        grads = self.probe.per_layer()
+        layers = {}
+        for layer in self.probe.layers:
+            figures = {"weight_rms": weights.get(layer), "act_rms": self.act.get(layer), "grad_norm": grads.get(layer)}
+            layers[layer] = {k: v for k, v in figures.items() if v is not None}
+        # Growth of each figure over the median of its recent values ...
+        growth: dict[tuple[str, str], tuple[float, float]] = {}
+        for layer, figures in layers.items():
+            for metric, value in figures.items():
+                past = self.history.setdefault((layer, metric), deque(maxlen=self.cfg.history))
+                if past and statistics.median(past) > 0:
+                    growth[(layer, metric)] = (value / statistics.median(past), statistics.median(past))
+                past.append(value)
+        # ... flagged when it is large and out of line with the same figure's growth in the other layers
+        # (early in training every layer's activations grow several-fold together: that is no warning).
+        alarms = []
+        for (layer, metric), (ratio, median) in growth.items():
+            others = [r for (l, m), (r, _) in growth.items() if m == metric and l != layer]
+            typical = statistics.median(others) if others else 1.0
+            if ratio > self.cfg.growth and ratio > self.cfg.growth * max(typical, 1.0):
+                value = layers[layer][metric]
+                alarms.append({"event": "health_alarm", "step": step, "layer": layer, "metric": metric,
+                               "value": value, "median": median, "growth": ratio, "others_growth": typical,
+                               "message": f"{layer} {metric} {value:.4g} = {ratio:.3g}× its recent median {median:.4g} "
+                                          f"(other layers: {typical:.3g}×; health.growth = {self.cfg.growth:g})"})
+        return {"event": "health", "step": step, "layers": layers}, alarms
