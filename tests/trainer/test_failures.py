@@ -17,7 +17,7 @@ ALONE = (sys.executable, "-m", "trainer")
 
 
 def _run(run_json, *, fault: str | None = None, launcher=TORCHRUN_2, expect: int = 0):
-    env = {**os.environ}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}  # also for the module fixture
     env.pop("PRETRAIN_TEST_FAULT", None)
     if fault:
         env["PRETRAIN_TEST_FAULT"] = fault
@@ -76,14 +76,21 @@ def test_a_slowed_rank_is_reported_as_a_straggler_and_the_other_is_not(tmp_path)
     assert all(b[1] > b[0] + 0.3 for b in busy)  # the per-rank figure behind it, in every train record
 
 
+SDC_RUN = dict(train_tokens=10 * 8 * 64, deepspeed={"zero_stage": 1, "bf16": True}, sdc={"canary_interval": 2})
+
+
+@pytest.fixture(scope="module")
+def skipped_step_5(tmp_path_factory):
+    """The reference: the same run, simply not applying step 5."""
+    skipped = write_run(tmp_path_factory.mktemp("skip") / "run.json", **SDC_RUN)
+    _run(skipped, fault="skip:step=5")
+    return _final_losses(skipped.parent / "out")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["scale", "bitflip"])
-def test_a_rank_with_corrupt_gradients_is_named_and_its_step_not_applied(tmp_path, mode):
-    settings = dict(train_tokens=10 * 8 * 64, deepspeed={"zero_stage": 1, "bf16": True},
-                    sdc={"canary_interval": 2})
-    skipped = write_run(tmp_path / "skip" / "run.json", **settings)
-    _run(skipped, fault="skip:step=5")  # the reference: a run that simply skipped that step
-    corrupt = write_run(tmp_path / "corrupt" / "run.json", **settings)
+def test_a_rank_with_corrupt_gradients_is_named_and_its_step_not_applied(tmp_path, skipped_step_5, mode):
+    corrupt = write_run(tmp_path / "corrupt" / "run.json", **SDC_RUN)
     _run(corrupt, fault=f"corrupt:rank=1,step=5,mode={mode}")
     out = corrupt.parent / "out"
     sdc = _events(out, "sdc")
@@ -91,7 +98,7 @@ def test_a_rank_with_corrupt_gradients_is_named_and_its_step_not_applied(tmp_pat
     assert sdc[0]["figures"][0]["figure"] == "grad_norm"
     skips = _events(out, "skip")
     assert [s["step"] for s in skips] == [5] and skips[0]["reason"].startswith("sdc: rank 1")
-    assert _final_losses(out) == _final_losses(skipped.parent / "out")
+    assert _final_losses(out) == skipped_step_5
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 10 and not summary["skipped"]  # not a spike-guard strike
     canaries = _events(out, "canary")
