@@ -27,11 +27,14 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 	touch $(STAMP)
 
 # Debian packages the tests use, installed only when missing: PostgreSQL 15 (tests/assets/test_postgres.py
-# starts its own server) and chromium (tests/ui drives it with playwright, which never downloads a browser).
+# starts its own server), chromium (tests/ui drives it with playwright, which never downloads a browser), and
+# slurm-wlm with munge (tests/slurm_cluster.py starts its own munged, slurmctld and slurmd).
 system-deps:
 	@missing=""; \
 	command -v /usr/lib/postgresql/15/bin/initdb >/dev/null || missing="$$missing postgresql-15"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v /usr/sbin/slurmd >/dev/null || missing="$$missing slurm-wlm"; \
+	command -v /usr/sbin/munged >/dev/null || missing="$$missing munge"; \
 	[ -z "$$missing" ] || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); echo "installing$$missing"; \
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; }
 

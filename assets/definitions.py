@@ -37,9 +37,11 @@ def build_resources() -> dict:
         ),
         "scratch": ScratchResource(root=str(pretrain_home() / "work")),
         # The trainer's processes: `python -m trainer` by default; PRETRAIN_LAUNCHER=torchrun|deepspeed and
-        # PRETRAIN_NPROC_PER_NODE for more (resources/launcher.py).
+        # PRETRAIN_NPROC_PER_NODE for more, PRETRAIN_MAX_RESTARTS relaunches of a failed trainer
+        # (resources/launcher.py). These are defaults: a recipe stage's `launch:` overrides them (assets/stages.py).
         "launcher": LauncherResource(launcher=os.environ.get("PRETRAIN_LAUNCHER", "python"),
-                                     nproc_per_node=int(os.environ.get("PRETRAIN_NPROC_PER_NODE", "1"))),
+                                     nproc_per_node=int(os.environ.get("PRETRAIN_NPROC_PER_NODE", "1")),
+                                     max_restarts=int(os.environ.get("PRETRAIN_MAX_RESTARTS", "2"))),
         # datatrove pipelines: local by default (PRETRAIN_EXECUTOR_WORKERS > 1: a process pool); PRETRAIN_EXECUTOR=ray
         # or slurm with PRETRAIN_RAY_ADDRESS / PRETRAIN_SLURM_PARTITION, ... (ExecutorResource.from_env lists them).
         "executor": ExecutorResource.from_env(os.environ),

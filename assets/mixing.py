@@ -33,7 +33,7 @@ from dagster import (
 
 from assets.plots import bar_chart
 from assets.recipe import Recipe
-from assets.stages import merge
+from assets.stages import LaunchSettings, merge, split_launch
 from assets.training_data import packed_keys, training_inputs
 from assets.upstream import OutputNotFound, committed_result, latest_output
 from assets.versioning import code_version, manifest_header, version_key
@@ -62,12 +62,18 @@ def weights_key() -> AssetKey:
 
 def proxy_settings(recipe: Recipe) -> dict:
     """The proxy's run-config fields: training.main with mixing.proxy merged over it, no checkpoints."""
-    settings = merge(recipe.training.main, recipe.mixing.proxy)
+    settings, _ = split_launch("mixing.proxy", merge(recipe.training.main, recipe.mixing.proxy))
     return merge(settings, {"checkpoint": {"interval_steps": 0, "save_final": False, "resume": False}})
+
+
+def proxy_launch(recipe: Recipe) -> LaunchSettings:
+    """How a proxy run is started: training.main's `launch` with mixing.proxy's over it (not versioned)."""
+    return split_launch("mixing.proxy", merge(recipe.training.main, recipe.mixing.proxy))[1]
 
 
 def mixing_section(recipe: Recipe) -> dict:
     m = recipe.mixing.model_dump(mode="json", exclude={"schedule", "status"})  # when it runs is not what it makes
+    m["proxy"] = {k: v for k, v in m["proxy"].items() if k != "launch"}  # nor how its processes start
     return {"mixing": m, "proxy": proxy_settings(recipe)}
 
 
@@ -98,6 +104,7 @@ def mixing_assets(recipe: Recipe) -> list:
     weights_version = code_version("mixture_weights", MIXING_IMPLEMENTATION, fit)
     sources = sorted(recipe.mixing.prior)
     cfg = recipe.mixing.engine_config()
+    launch = proxy_launch(recipe).overrides()
 
     @asset(key=candidates_key(), group_name="mixing", code_version=candidates_version, kinds={"python"},
            description=(f"{cfg.candidates} candidate mixtures of {', '.join(sources)} drawn from a Dirichlet around "
@@ -117,6 +124,7 @@ def mixing_assets(recipe: Recipe) -> list:
 
     @asset(key=sweep_key(), group_name="mixing", code_version=version, kinds={"python"},
            partitions_def=CANDIDATES, deps=[candidates_key(), *packed_keys(sources)],
+           metadata={"launch": MetadataValue.json(launch)},  # over the launcher resource's defaults
            automation_condition=AutomationCondition.eager(),
            description=("One proxy run per candidate mixture (a partition): the proxy model (training.main with "
                         "mixing.proxy over it) trained on that mixture of the packed sources; records each domain's "
@@ -143,7 +151,7 @@ def mixing_assets(recipe: Recipe) -> list:
             run = {**proxy_settings(recipe), "stage": f"proxy-{name}", "output_dir": str(work / "out"),
                    "data": {"shards": {k: str(v) for k, v in inputs.folders.items()}, "weights": weights},
                    "tokenizer_sha256": inputs.tokenizer_sha256, "lineage": inputs.lineage}
-            result = launcher.launch(context, run, work)
+            result = launcher.launch(context, run, work, settings=launch)
             val = result.summary.get("val_loss") or {}
             if not val or (recipe.mixing.target != "average" and recipe.mixing.target not in val):
                 raise Failure(description=f"the proxy run reported validation loss for {sorted(val)}: nothing for the "

@@ -16,6 +16,16 @@ long-context stage reads like what it is:
 Each stage is validated at recipe load exactly as the trainer will validate it (from_dict on the
 merged config), so an error names the stage and the field: `training.long_context[0] (long_512).
 batch.seq_len: ...`. Stages are configs, never `if stage == ...` branches (DESIGN.md).
+
+A stage may also say how its trainer is started, over the launcher resource's defaults (which come from
+the environment: PRETRAIN_LAUNCHER, PRETRAIN_NPROC_PER_NODE), and later stages inherit it like any field:
+
+    main: {..., launch: {launcher: torchrun, nproc_per_node: 8, nnodes: 4, max_restarts: 3}}
+    mixing: {proxy: {train_tokens: 200000, launch: {launcher: python, nproc_per_node: 1}}}
+
+`launch` is not a trainer field: it is split off (split_launch) before the trainer sees the settings, and
+it is not part of a stage's code version (the token stream does not depend on the world size, DESIGN.md),
+so moving a stage to more processes resumes its run instead of starting a new one.
 """
 
 from __future__ import annotations
@@ -24,8 +34,9 @@ import copy
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from resources.launcher import LauncherResource
 from trainer.config import RunConfig, from_dict
 from trainer.mixing import MixingConfig
 
@@ -46,10 +57,58 @@ def merge(base: dict, override: dict) -> dict:
     return out
 
 
+LAUNCH_FIELD = "launch"
+
+
+class LaunchSettings(BaseModel):
+    """How one stage's trainer is started; what is not given stays the launcher resource's default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # The launcher kinds are the resource's own (python, torchrun, deepspeed, slurm, ...).
+    launcher: LauncherResource.model_fields["launcher"].annotation | None = None
+    nproc_per_node: int | None = Field(None, ge=1)
+    nnodes: int | None = Field(None, ge=1)
+    max_restarts: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _one_process_for_python(self):
+        if self.launcher == "python" and ((self.nproc_per_node or 1) > 1 or (self.nnodes or 1) > 1):
+            field = "nproc_per_node" if (self.nproc_per_node or 1) > 1 else "nnodes"
+            raise ValueError(f"{field}: launcher 'python' runs one process; use torchrun or deepspeed for more")
+        return self
+
+    def overrides(self) -> dict:
+        """The launcher resource's fields this stage sets (LauncherResource.launch(settings=...))."""
+        return self.model_dump(exclude_none=True)
+
+
+def split_launch(where: str, settings: dict) -> tuple[dict, LaunchSettings]:
+    """(the trainer's fields, the stage's launch settings); a bad launch entry names the stage and field."""
+    run = {k: v for k, v in settings.items() if k != LAUNCH_FIELD}
+    raw = settings.get(LAUNCH_FIELD) or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}.{LAUNCH_FIELD}: must be a mapping like {{launcher: torchrun, nproc_per_node: 2}}, "
+                         f"got {raw!r}")
+    try:
+        return run, LaunchSettings(**raw)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(str(part) for part in error["loc"])
+        if error["type"] == "extra_forbidden":
+            message = f"not a launch field (launch sets {', '.join(LaunchSettings.model_fields)})"
+        else:
+            message = error["msg"].removeprefix("Value error, ") + (f" (got {error['input']!r})" if field else "")
+        raise ValueError(f"{where}.{LAUNCH_FIELD}.{field}: {message}" if field else
+                         f"{where}.{LAUNCH_FIELD}.{message}") from None
+
+
 def check_stage(where: str, settings: dict) -> RunConfig:
+    settings, _ = split_launch(where, settings)
     unknown = sorted(set(settings) - set(STAGE_FIELDS))
     if unknown:
-        raise ValueError(f"{where}.{unknown[0]}: not a stage field (stages set {', '.join(STAGE_FIELDS)})")
+        raise ValueError(f"{where}.{unknown[0]}: not a stage field (stages set {', '.join(STAGE_FIELDS)}, "
+                         f"and {LAUNCH_FIELD})")
     if "train_tokens" not in settings:
         raise ValueError(f"{where}.train_tokens: required")
     try:
@@ -135,7 +194,7 @@ class MixingSection(BaseModel):
     concentration: float = 10.0
     seed: int = 0
     target: str = Field("average", description="'average' of the per-domain validation losses, or one source")
-    proxy: dict[str, Any] = {}  # stage fields merged over training.main (smaller model, fewer tokens)
+    proxy: dict[str, Any] = {}  # stage fields merged over training.main (smaller model, fewer tokens, its launch)
     schedule: str | None = Field(None, description="cron schedule that re-runs the sweep, e.g. '0 3 * * 0'")
     status: Literal["running", "stopped"] = "stopped"  # the schedule's default status
 
@@ -146,6 +205,7 @@ class MixingSection(BaseModel):
     @model_validator(mode="after")
     def _check(self):
         self.engine_config()  # the engine's own checks, messages naming mixing.*
+        split_launch("mixing.proxy", self.proxy)
         if self.target != "average" and self.target not in self.prior:
             raise ValueError(f"target must be 'average' or one of {sorted(self.prior)}, got {self.target!r}")
         return self

@@ -9,7 +9,10 @@ training/anneal: from the last stage, the LR decays to ~0 on the recipe's high-q
 Every stage runs through the launcher resource (Dagster Pipes) and checkpoints to the object store
 under checkpoints/<stage>/<version key>/: the version key is fixed by the stage's settings and inputs,
 so a retried or re-materialized asset resumes from that run's latest checkpoint instead of starting
-over (RetryPolicy below), and a changed input starts a new run. The lineage of every input goes
+over, and a changed input starts a new run. A trainer that dies is restarted by the launcher itself (up to
+its max_restarts, resuming each time; the restarts go into the metadata); the RetryPolicy below covers
+the rest (the store, the inputs). A stage's `launch:` settings (assets/stages.py) override the launcher
+resource's defaults for that stage and are not part of its version. The lineage of every input goes
 into the run config and so into every checkpoint manifest. This module never imports torch.
 """
 
@@ -34,7 +37,7 @@ from assets.lineage import record_of
 from assets.mixing import RESULT_FILE, weights_key
 from assets.plots import line_chart
 from assets.recipe import Recipe
-from assets.stages import check_stage, merge
+from assets.stages import check_stage, merge, split_launch
 from assets.training_data import packed_keys, training_inputs
 from assets.upstream import OutputNotFound, committed_result, latest_output
 from assets.versioning import code_version, manifest_header, version_key
@@ -76,6 +79,7 @@ def _stage_weights(recipe: Recipe, name: str) -> tuple[dict[str, float] | None, 
 
 def _stage_asset(recipe: Recipe, name: str, settings: dict, previous: str | None, min_doc_tokens: int):
     key = stage_key(name)
+    settings, launch = split_launch(f"training.{name}", settings)  # the trainer's fields; how it is started
     fixed, uses_mixture = _stage_weights(recipe, name)
     sources = sorted(fixed) if fixed is not None else sorted(recipe.mixing.prior)
     section = {"stage": name, "settings": settings, "weights": fixed, "min_doc_tokens": min_doc_tokens}
@@ -84,6 +88,7 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, previous: str | None
     start = f"from the final checkpoint of training/{previous}" if previous else "from scratch"
     if min_doc_tokens:
         start += f", on documents of {min_doc_tokens} tokens or more"
+    how = ", ".join(f"{k} {v}" for k, v in launch.overrides().items())
     mixture = ("the anneal mixture of the recipe" if fixed is not None and name == "anneal" else
                "the chosen mixture (mixing/mixture_weights)" if uses_mixture else "equal weights over every source")
 
@@ -97,9 +102,11 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, previous: str | None
 
     @asset(key=key, group_name="training", code_version=version, kinds={"python", "pytorch"}, deps=deps,
            config_schema=launchpad, retry_policy=RetryPolicy(max_retries=2, delay=5, backoff=Backoff.LINEAR),
+           metadata={"launch": MetadataValue.json(launch.overrides())},  # over the launcher resource's defaults
            description=(f"Training stage `{name}` ({settings['train_tokens']:,} tokens, seq "
                         f"{settings.get('batch', {}).get('seq_len', '?')}), {start}, on {mixture}. DeepSpeed through the "
-                        "launcher resource; checkpoints to the object store, and a retry resumes from the latest one. "
+                        f"launcher resource{f' ({how})' if how else ''}; checkpoints to the object store, and a "
+                        "restart or retry resumes from the latest one. "
                         f"Driven by the recipe's `training` section."))
     def training_stage(context: AssetExecutionContext, store: StoreResource, scratch: ScratchResource,
                        launcher: LauncherResource) -> MaterializeResult:
@@ -141,7 +148,7 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, previous: str | None
                    "tokenizer_sha256": inputs.tokenizer_sha256, "lineage": lineage, "init_from": init_from}
             if context.retry_number:
                 context.log.info(f"retry {context.retry_number}: the trainer resumes from its latest checkpoint")
-            result = launcher.launch(context, run, work)
+            result = launcher.launch(context, run, work, settings=launch.overrides())
             saved = result.events("checkpoint_saved")
             if not saved:
                 raise Failure(description=f"training/{name} finished without a final checkpoint "
@@ -156,7 +163,7 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, previous: str | None
                 **manifest_header(key.path, vkey, version, section, context.run.run_id),
                 "upstream": upstream, "lineage": lineage, "weights": weights,
                 "checkpoint": {"prefix": checkpoint_prefix, "uri": object_store.uri(checkpoint_prefix), "step": final},
-                "resumed": [e for e in result.events("resumed")]})
+                "resumed": [e for e in result.events("resumed")], "restarts": result.restarts})
         else:
             context.log.info(f"{object_store.uri(prefix)} is already committed for this version; reusing it")
         summary = json.loads(object_store.get_bytes(f"{prefix}/{SUMMARY_FILE}"))
@@ -178,6 +185,9 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, previous: str | None
             "val_loss_curve": _curve([(r["step"], sum(r["val_loss"].values()) / len(r["val_loss"])) for r in evals
                                       if r["val_loss"]], "mean validation loss", "loss"),
             "lineage": MetadataValue.json([{k: r.get(k) for k in ("asset", "data_version", "run_id")} for r in lineage]),
+            # How the run that made this output went: each restart of the trainer, why, and where it resumed.
+            "restarts": len(manifest.get("restarts", [])),
+            "restart_log": MetadataValue.json(manifest.get("restarts", [])),
         })
 
     return training_stage

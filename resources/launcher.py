@@ -7,24 +7,53 @@ The trainer process streams its progress lines into the Dagster run's log and it
 (train, eval, skip, checkpoint events) back as Pipes custom messages; the asset turns them into
 metadata. A training asset never imports torch: this is its only way to the trainer.
 
+A trainer that dies or fails is launched again, up to max_restarts times, and resumes from its newest
+committed checkpoint; each restart is logged as a warning and listed in LaunchResult.restarts. Exit
+statuses a restart cannot help (NOT_RESTARTABLE: 2 bad config, 3 spike guard, 5 silent data corruption)
+fail at once. The status comes from the trainer's <output_dir>/failure.json when it wrote one (moved aside
+to failure-<attempt>.json), else from torchrun's failure report (torchrun itself exits 1), else the
+process's own. A stage may override these fields for its launch (`launch(..., settings=)`, a recipe
+stage's `launch:` in assets/stages.py).
+
 How the processes start is resource configuration, never asset code:
 - launcher "python": one process (`python -m trainer`).
 - launcher "torchrun": nproc_per_node processes; with nnodes > 1 a c10d rendezvous at rdzv_endpoint
   (run the same command on every node) — or a single node with --standalone.
 - launcher "deepspeed": DeepSpeed's launcher, with a hostfile for several nodes.
+- launcher "slurm": one `srun` (one task per node, each a torchrun with a c10d rendezvous on the step's
+  first node) over nnodes nodes, with partition, time, GPUs and extra srun args in `slurm`
+  (resources/slurm.py). Run from a login node srun allocates the nodes itself; from inside an
+  allocation (sbatch/salloc) it uses them. The work dir, venv and store must be on a shared filesystem.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import socket
 import sys
+import threading
+from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from subprocess import PIPE, Popen
 from typing import Literal
 
-from dagster import AssetExecutionContext, ConfigurableResource, PipesSubprocessClient
+from dagster import (
+    AssetExecutionContext,
+    ConfigurableResource,
+    DagsterExecutionInterruptedError,
+    Failure,
+    PipesSubprocessClient,
+    PipesTempFileContextInjector,
+    PipesTempFileMessageReader,
+    open_pipes_session,
+)
+
+from resources.slurm import SlurmConfig, pipes_files, srun_command
 
 
 @dataclass
@@ -32,13 +61,15 @@ class LaunchResult:
     summary: dict  # the trainer's summary.json (steps, tokens, losses, val_loss, skipped)
     records: list[dict] = field(default_factory=list)  # every metric record the trainer reported
     command: list[str] = field(default_factory=list)
+    # One per restart, in order: {attempt, exit_status, reason, failure (failure.json or None), resumed_step}.
+    restarts: list[dict] = field(default_factory=list)
 
     def events(self, name: str) -> list[dict]:
         return [r for r in self.records if r.get("event") == name]
 
 
 class LauncherResource(ConfigurableResource):
-    launcher: Literal["python", "torchrun", "deepspeed"] = "python"
+    launcher: Literal["python", "torchrun", "deepspeed", "slurm"] = "python"
     nproc_per_node: int = 1
     nnodes: int = 1
     node_rank: int = 0
@@ -47,6 +78,8 @@ class LauncherResource(ConfigurableResource):
     hostfile: str | None = None  # deepspeed: one line per node, "host slots=N"
     master_port: int | None = None  # deepspeed: None = a free port on this machine
     env: dict[str, str] = {}  # added to the trainer's environment (e.g. OMP_NUM_THREADS, NCCL_* settings)
+    slurm: SlurmConfig = SlurmConfig()  # launcher "slurm": srun over nnodes nodes (resources/slurm.py)
+    max_restarts: int = 2  # a failed trainer is launched again (resuming) up to this many times
 
     def command(self, run_json: str | os.PathLike) -> list[str]:
         bin_dir = Path(sys.executable).parent
@@ -55,6 +88,8 @@ class LauncherResource(ConfigurableResource):
             if self.nproc_per_node != 1 or self.nnodes != 1:
                 raise ValueError("launcher 'python' runs one process: use 'torchrun' or 'deepspeed' for more")
             return [sys.executable, *trainer]
+        if self.launcher == "slurm":
+            return srun_command(self.slurm, self.nnodes, self.nproc_per_node, str(bin_dir / "torchrun"), trainer)
         if self.launcher == "torchrun":
             cmd = [str(bin_dir / "torchrun"), "--nproc_per_node", str(self.nproc_per_node)]
             if self.nnodes == 1:
@@ -72,23 +107,105 @@ class LauncherResource(ConfigurableResource):
         cmd += ["--num_gpus", str(self.nproc_per_node), "--master_port", str(self.master_port or _free_port())]
         return [*cmd, "--module", "trainer", "--config", str(run_json)]
 
-    def launch(self, context: AssetExecutionContext, run_config: dict, work_dir: str | os.PathLike) -> LaunchResult:
+    def with_settings(self, settings: Mapping | None) -> LauncherResource:
+        """This launcher with one stage's own settings over its fields (a recipe's `launch:` mapping)."""
+        if not settings:
+            return self
+        fields = type(self).model_fields
+        unknown = sorted(set(settings) - set(fields))
+        if unknown:
+            raise ValueError(f"launch.{unknown[0]}: not a launcher field (launch sets {', '.join(fields)})")
+        return type(self)(**{**{name: getattr(self, name) for name in fields}, **settings})
+
+    def launch(self, context: AssetExecutionContext, run_config: dict, work_dir: str | os.PathLike,
+               settings: Mapping | None = None) -> LaunchResult:
         """Write run.json into work_dir, run the trainer to completion, return its summary and records.
 
-        A non-zero exit fails the asset with Dagster's error (the trainer's stderr is in the run log)."""
+        `settings` overrides this resource's fields for this launch (a stage's `launch:` in the recipe).
+        A trainer that dies or fails is launched again, up to max_restarts times: it resumes from its
+        newest committed checkpoint. Exit statuses a restart cannot help (NOT_RESTARTABLE) fail at once;
+        the trainer's stderr is in the run log."""
+        if settings:
+            return self.with_settings(settings).launch(context, run_config, work_dir)
         work = Path(work_dir)
         work.mkdir(parents=True, exist_ok=True)
         run_json = work / "run.json"
         run_json.write_text(json.dumps(run_config, indent=1))
+        output_dir = Path(run_config["output_dir"])
         command = self.command(run_json)
         context.log.info("launching the trainer: " + " ".join(command))
         env = {**os.environ, **self.env}
         env.pop("WORLD_SIZE", None)  # a stale value would make `python -m trainer` wait for other ranks
-        invocation = PipesSubprocessClient(env=env, cwd=str(work)).run(context=context, command=command)
-        records = [m for m in invocation.get_custom_messages() if isinstance(m, dict)]
-        summary_path = Path(run_config["output_dir"]) / "summary.json"
+        if _take_failure(output_dir, 0) is not None:  # left by an earlier launch: not this one's reason
+            context.log.info(f"an earlier {FAILURE_FILE} in {output_dir} was moved aside to failure-0.json")
+        records: list[dict] = []
+        restarts: list[dict] = []
+        attempts: list[str] = []
+        while True:
+            attempt = len(attempts) + 1
+            status, messages = self._attempt(context, command, env, work)
+            records += messages
+            if restarts and restarts[-1]["resumed_step"] is None:
+                resumed = [r for r in messages if r.get("event") == "resumed"]
+                if resumed:
+                    restarts[-1]["resumed_step"] = resumed[0]["step"]
+                    context.log.warning(f"restart {len(restarts)}: the trainer resumed at step {resumed[0]['step']}")
+            if status == 0:
+                break
+            failure = _take_failure(output_dir, attempt)
+            if failure is not None and isinstance(failure.get("exit_status"), int):
+                status = failure["exit_status"]  # the trainer's own word (torchrun's status is 1 whatever it was)
+            reason = _reason(status, failure)
+            attempts.append(f"attempt {attempt}: {reason}")
+            if status in NOT_RESTARTABLE:
+                raise Failure(description=f"the trainer failed with code {status} ({reason}) on attempt {attempt}: "
+                                          "not restarted, a restart cannot help", allow_retries=False)
+            if len(restarts) >= self.max_restarts:
+                raise Failure(description=f"the trainer failed on all {attempt} attempts (max_restarts "
+                                          f"{self.max_restarts}): {'; '.join(attempts)}. Last reason: {reason}",
+                              allow_retries=False)  # the restarts were the retries
+            restarts.append({"attempt": attempt, "exit_status": status, "reason": reason, "failure": failure,
+                             "resumed_step": None})
+            # Loud on purpose: a restart hides a fault (a dead node, a hang) that someone should look at.
+            context.log.warning(f"RESTART {len(restarts)}/{self.max_restarts}: the trainer failed on attempt "
+                                f"{attempt} ({reason}); relaunching it, it resumes from its newest committed checkpoint")
+        summary_path = output_dir / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-        return LaunchResult(summary=summary, records=records, command=command)
+        return LaunchResult(summary=summary, records=records, command=command, restarts=restarts)
+
+    def _attempt(self, context: AssetExecutionContext, command: list[str], env: dict,
+                 work: Path) -> tuple[int, list[dict]]:
+        """One run of `command` under a Pipes session of its own: (the trainer's exit status, its records).
+
+        Like PipesSubprocessClient.run, which raises on a non-zero exit and so loses the status and the
+        records a failed attempt reported. stderr is passed on to ours line by line and its tail kept:
+        torchrun exits 1 whatever its ranks did, and only its failure report says what they did."""
+        if self.launcher == "slurm":
+            # The reporting rank may be on another node, so Pipes goes through files in the shared work dir.
+            channels = pipes_files(work)
+        else:
+            channels = {"context_injector": PipesTempFileContextInjector(),
+                        "message_reader": PipesTempFileMessageReader()}
+        tail: deque[str] = deque(maxlen=400)
+        with open_pipes_session(context=context, **channels) as session:
+            process = Popen(command, cwd=str(work), env={**env, **session.get_bootstrap_env_vars()}, stderr=PIPE)
+            tee = threading.Thread(target=_tee, args=(process.stderr, tail), daemon=True)
+            tee.start()
+            try:
+                process.wait()
+            except DagsterExecutionInterruptedError:
+                # As PipesSubprocessClient does: a stopped Dagster run gives the trainer a chance to exit cleanly.
+                context.log.info("[pipes] execution interrupted, sending SIGINT to the trainer")
+                process.send_signal(signal.SIGINT)
+                process.wait(timeout=20)
+                raise
+            # A rank that outlives its launcher may hold the pipe open; the report came before the exit.
+            tee.join(timeout=10)
+        records = [m for m in session.get_custom_messages() if isinstance(m, dict)]
+        status = process.returncode
+        if status != 0 and self.launcher in ("torchrun", "slurm"):
+            status = _ranks_status("".join(tail), status)
+        return status, records
 
 
     def run_python(self, context: AssetExecutionContext, args: list[str], work_dir: str | os.PathLike) -> None:
@@ -102,3 +219,67 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+# The trainer's exit statuses a restart cannot help (trainer/__main__.py): the launch fails at once.
+NOT_RESTARTABLE = {2: "a bad config or a checkpoint this config refuses", 3: "the spike guard stopped the run",
+                   5: "a rank stopped for silent data corruption"}
+# Written by the trainer when it fails ({"kind": "hang", "exit_status": 4, "rank": r, "step": s, "host": h,
+# "message": "..."}, trainer/watchdog.py): its exit_status is the one that counts, the kind and message the reason.
+FAILURE_FILE = "failure.json"
+
+
+def _tee(stream, tail: deque) -> None:
+    """Pass the trainer's stderr on to ours (fd 2, where it went before), keeping the last lines."""
+    for line in iter(stream.readline, b""):
+        os.write(2, line)
+        tail.append(line.decode(errors="replace"))
+    stream.close()
+
+
+def _ranks_status(report: str, status: int) -> int:
+    """The ranks' exit status from torchrun's failure report ("exitcode  : 2 (pid: 123)"), else `status`.
+
+    A status no restart can help wins over the others (the ranks stopped by the agent after it); then a rank
+    killed by a signal other than the agent's own SIGTERM (its peers fail only because it vanished: "connection
+    reset"); else the root cause, the first failure torchrun observed."""
+    codes = [int(c) for c in re.findall(r"^\s*exitcode\s*:\s*(-?\d+)", report, re.M)]
+    if not codes:
+        return status
+    for chosen in ([c for c in codes if c in NOT_RESTARTABLE], [c for c in codes if c < 0 and c != -signal.SIGTERM]):
+        if chosen:
+            return chosen[0]
+    root = report.rsplit("Root Cause", 1)[-1]
+    found = re.search(r"^\s*exitcode\s*:\s*(-?\d+)", root, re.M)
+    return int(found.group(1)) if found else codes[-1]
+
+
+def _take_failure(output_dir: Path, attempt: int) -> dict | None:
+    """The trainer's failure.json of this attempt, moved aside (failure-<attempt>.json) for a clean next one."""
+    path = output_dir / FAILURE_FILE
+    if not path.is_file():
+        return None
+    try:
+        failure = json.loads(path.read_text())
+    except ValueError as exc:
+        failure = {"kind": "unreadable", "message": f"{path}: {exc}"}
+    path.rename(output_dir / f"failure-{attempt}.json")
+    return failure if isinstance(failure, dict) else {"kind": "unreadable", "message": repr(failure)}
+
+
+def _reason(status: int, failure: dict | None) -> str:
+    if failure is not None:
+        where = ", ".join(f"{k} {failure[k]}" for k in ("rank", "step", "host") if failure.get(k) is not None)
+        what = f"{failure.get('kind', 'failure')} ({where})" if where else str(failure.get("kind", "failure"))
+        return f"exit status {status}: {what}: {failure.get('message', '')}".rstrip(": ")
+    if status in NOT_RESTARTABLE:
+        return f"exit status {status}: {NOT_RESTARTABLE[status]}"
+    if status == 4:
+        return "exit status 4: a hang ended by the trainer's watchdog"
+    if status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        return f"exit status {status}: a trainer process was killed by {name}"
+    return f"exit status {status}"

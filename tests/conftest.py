@@ -29,6 +29,7 @@ def shared_data() -> Path:
 
 # A real S3-compatible server on loopback for every test folder that needs one.
 from tests.s3_server import moto_server, s3, s3_proxy, store  # noqa: E402,F401  (pytest fixtures)
+from tests.slurm_cluster import slurm, slurm_cluster  # noqa: E402,F401  (a real Slurm on this host)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -65,3 +65,63 @@ def test_the_sweep_has_its_schedule_and_the_automation_keeps_it_going():
     graph = defs.resolve_asset_graph()
     for key in (["mixing", "mix_sweep"], ["mixing", "mixture_weights"]):
         assert graph.get(AssetKey(key)).automation_condition == AutomationCondition.eager()
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda raw: raw["training"]["main"].update(launch={"launcher": "torchrun", "nproc_per_node": 0}),
+         "training.main.launch.nproc_per_node: Input should be greater than or equal to 1 (got 0)"),
+        (lambda raw: raw["training"]["long_context"][0].update(launch={"launcher": "mpirun"}),
+         "training.long_context[0] (long_512).launch.launcher: Input should be 'python', 'torchrun'"),
+        (lambda raw: raw["training"]["anneal"].update(launch={"procs": 2}),
+         "training.anneal.launch.procs: not a launch field (launch sets launcher, nproc_per_node, nnodes, max_restarts)"),
+        (lambda raw: raw["training"]["main"].update(launch={"launcher": "python", "nproc_per_node": 2}),
+         "training.main.launch.nproc_per_node: launcher 'python' runs one process"),
+        (lambda raw: raw["training"]["main"].update(launch={"max_restarts": -1}),
+         "training.main.launch.max_restarts: Input should be greater than or equal to 0"),
+        (lambda raw: raw["mixing"]["proxy"].update(launch="torchrun"), "mixing.proxy.launch: must be a mapping"),
+    ],
+)
+def test_a_bad_launch_setting_names_the_stage_and_field(tmp_path, mutate, expected):
+    with pytest.raises(RecipeError) as err:
+        load_recipe(write_recipe(tmp_path, mutate))
+    assert expected in str(err.value) and "recipe.yaml" in str(err.value)
+
+
+def test_a_stages_launch_settings_reach_its_trainer_command_and_leave_its_version_alone(tmp_path):
+    from dagster import AssetKey
+
+    from assets.definitions import build_defs
+    from resources.launcher import LauncherResource
+
+    def launch_and_versions(mutate):
+        defs = build_defs(load_recipe(write_recipe(tmp_path, mutate)))
+        graph = defs.resolve_asset_graph()
+        nodes = {k: graph.get(AssetKey(k.split("/"))) for k in
+                 ("training/main", "training/long_512", "training/anneal", "mixing/mix_sweep")}
+        return ({k: n.metadata["launch"].value for k, n in nodes.items()},
+                {k: n.code_version for k, n in nodes.items()})
+
+    def two_ranks(raw):
+        raw["training"]["main"]["launch"] = {"launcher": "torchrun", "nproc_per_node": 2, "max_restarts": 1}
+        raw["training"]["anneal"]["launch"] = {"nproc_per_node": 1}  # merged over the stage before, like any field
+        raw["mixing"]["proxy"]["launch"] = {"launcher": "python", "nproc_per_node": 1}
+
+    def nothing(raw):
+        raw["training"]["main"].pop("launch", None)
+
+    launch, versions = launch_and_versions(two_ranks)
+    main_launch = {"launcher": "torchrun", "nproc_per_node": 2, "max_restarts": 1}
+    assert launch == {"training/main": main_launch, "training/long_512": main_launch,
+                      "training/anneal": {**main_launch, "nproc_per_node": 1},
+                      "mixing/mix_sweep": {"launcher": "python", "nproc_per_node": 1, "max_restarts": 1}}
+    # How the processes start is not what the stage makes: the same code versions as with no launch at all.
+    assert launch_and_versions(nothing) == ({k: {} for k in launch}, versions)
+    # Over the environment's default (one python process) the stage's settings make the command.
+    run = tmp_path / "run.json"
+    resource = LauncherResource(launcher="python", nproc_per_node=1)
+    command = resource.with_settings(launch["training/main"]).command(run)
+    assert command[1:] == ["--nproc_per_node", "2", "--standalone", "-m", "trainer", "--config", str(run)]
+    assert resource.with_settings(launch["training/main"]).max_restarts == 1
+    assert resource.with_settings(launch["mixing/mix_sweep"]).command(run)[1:3] == ["-m", "trainer"]
