@@ -326,9 +326,16 @@ def test_a_killed_rank_is_restarted_and_the_run_ends_as_if_never_interrupted(tmp
 
 @pytest.mark.slow  # ~1 min: a 2-rank run whose rank 1 hangs once, ended by the trainer's watchdog (>= 15 s)
 def test_a_hang_ended_by_the_watchdog_is_restarted_from_the_last_checkpoint(tmp_path, trainer_env):
-    config = run_dict(tmp_path / "out", train_tokens=10 * 8 * 64, deepspeed={"zero_stage": 1},
-                      metrics={"log_interval": 1, "eval_batches": 0, "tensorboard": False},
-                      checkpoint={"interval_steps": 3}, watchdog={"min_timeout_s": 15, "first_steps": 2, "step_factor": 5})
+    def run(out):
+        return run_dict(out, train_tokens=10 * 8 * 64, deepspeed={"zero_stage": 1},
+                        metrics={"log_interval": 1, "eval_batches": 0, "tensorboard": False},
+                        checkpoint={"interval_steps": 3},
+                        watchdog={"min_timeout_s": 15, "first_steps": 2, "step_factor": 5})
+
+    reference, _, error = _materialize(_launching_asset(run(tmp_path / "ref"), tmp_path / "ref-work"),
+                                       LauncherResource(launcher="torchrun", nproc_per_node=2))
+    assert error is None, error
+    config = run(tmp_path / "out")
     # trainer/faults.py: rank 1 sleeps inside step 7, in the first attempt only.
     fault = f"hang:rank=1,step=7,seconds=600,once={tmp_path / 'hang-once'}"
     launcher = LauncherResource(launcher="torchrun", nproc_per_node=2, env={"PRETRAIN_TEST_FAULT": fault})
@@ -342,3 +349,5 @@ def test_a_hang_ended_by_the_watchdog_is_restarted_from_the_last_checkpoint(tmp_
     assert json.loads((out / "failure-1.json").read_text()) == restart["failure"] and not (out / "failure.json").exists()
     losses = {r["step"]: r["loss"] for r in metadata["records"] if r["event"] == "train"}
     assert sorted(losses) == list(range(1, 11))
+    # The final losses are those of a run that never hung, bit for bit (the resumed attempt's where retrained).
+    assert losses == {r["step"]: r["loss"] for r in reference["records"] if r["event"] == "train"}
