@@ -54,6 +54,7 @@ from dagster import (
 )
 
 from resources.slurm import SlurmConfig, pipes_files, srun_command
+from trainer.rank_checks import DRAIN_ENV, DRAIN_EXIT  # plain constants: the launcher never imports torch
 
 
 @dataclass
@@ -61,7 +62,8 @@ class LaunchResult:
     summary: dict  # the trainer's summary.json (steps, tokens, losses, val_loss, skipped)
     records: list[dict] = field(default_factory=list)  # every metric record the trainer reported
     command: list[str] = field(default_factory=list)
-    # One per restart, in order: {attempt, exit_status, reason, failure (failure.json or None), resumed_step}.
+    # One per restart, in order: {attempt, exit_status, reason, failure (failure.json or None), resumed_step},
+    # and when a straggler's node was drained (Slurm): drained (the node) and the command without it.
     restarts: list[dict] = field(default_factory=list)
 
     def events(self, name: str) -> list[dict]:
@@ -141,9 +143,10 @@ class LauncherResource(ConfigurableResource):
         records: list[dict] = []
         restarts: list[dict] = []
         attempts: list[str] = []
+        launcher, drained = self, []
         while True:
             attempt = len(attempts) + 1
-            status, messages = self._attempt(context, command, env, work)
+            status, messages = launcher._attempt(context, command, {**env, **launcher._drain_env()}, work)
             records += messages
             if restarts and restarts[-1]["resumed_step"] is None:
                 resumed = [r for r in messages if r.get("event") == "resumed"]
@@ -166,12 +169,30 @@ class LauncherResource(ConfigurableResource):
                               allow_retries=False)  # the restarts were the retries
             restarts.append({"attempt": attempt, "exit_status": status, "reason": reason, "failure": failure,
                              "resumed_step": None})
+            if status == DRAIN_EXIT and failure is not None and failure.get("host"):
+                drained.append(failure["host"])
+                launcher = self._without(drained)
+                command = launcher.command(run_json)
+                restarts[-1].update(drained=failure["host"], command=command)
+                context.log.warning(f"draining {failure['host']} (a straggler): the job goes on on {launcher.nnodes} "
+                                    f"node(s) without {', '.join(drained)}: " + " ".join(command))
             # Loud on purpose: a restart hides a fault (a dead node, a hang) that someone should look at.
             context.log.warning(f"RESTART {len(restarts)}/{self.max_restarts}: the trainer failed on attempt "
                                 f"{attempt} ({reason}); relaunching it, it resumes from its newest committed checkpoint")
         summary_path = output_dir / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
         return LaunchResult(summary=summary, records=records, command=command, restarts=restarts)
+
+    def _drain_env(self) -> dict[str, str]:
+        """Tell the trainer it may stop for a straggler's node to be left out: only Slurm can leave a node
+        out (srun --exclude), and only with another node to go on with."""
+        return {DRAIN_ENV: "1"} if self.launcher == "slurm" and self.nnodes > 1 else {}
+
+    def _without(self, hosts: list[str]) -> LauncherResource:
+        """This Slurm launch on the nodes left when `hosts` are excluded (the trainer resumes on fewer
+        ranks at the same global batch: its checkpoints reshard)."""
+        srun_args = [*self.slurm.srun_args, f"--exclude={','.join(hosts)}"]
+        return self.with_settings({"nnodes": self.nnodes - len(hosts), "slurm": self.slurm.model_copy(update={"srun_args": srun_args})})
 
     def _attempt(self, context: AssetExecutionContext, command: list[str], env: dict,
                  work: Path) -> tuple[int, list[dict]]:

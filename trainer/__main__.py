@@ -8,7 +8,8 @@ Exit status 0 when the token budget is reached, 3 when the spike guard stops the
 with no checkpoint before the spike, or too many skipped steps), 2 for a bad config or a checkpoint
 this config cannot resume (e.g. another batch.global_batch), 4 when the step watchdog ended a hang
 (trainer.watchdog: <output_dir>/failure.json says which rank and step; a restart resumes), 5 when one
-rank gave corrupt figures too often (trainer.rank_checks; restarting on the same node cannot help).
+rank gave corrupt figures too often (trainer.rank_checks; restarting on the same node cannot help),
+6 when it stopped (checkpointed) so the launcher restarts it without a straggler's node (straggler.drain).
 Every failure also writes <output_dir>/failure.json ({kind, exit_status, message, ...}): under torchrun
 the launcher sees torchrun's own exit status (1), so that file is how it knows what happened.
 """
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from trainer.checkpoint import ResumeRefused
     from trainer.guard import GuardStop
-    from trainer.rank_checks import SDC_EXIT, SDCStop
+    from trainer.rank_checks import DRAIN_EXIT, SDC_EXIT, DrainRequested, SDCStop
     from trainer.train import train
 
     try:
@@ -60,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         return failed(3, "guard_stop", e, cfg.output_dir)
     except SDCStop as e:
         return failed(SDC_EXIT, "sdc", e, cfg.output_dir, rank=e.rank, host=e.host)
+    except DrainRequested as e:
+        return failed(DRAIN_EXIT, "straggler", e, cfg.output_dir, rank=e.rank, host=e.host)
     finally:
         # Without this ~1 in 5 ZeRO-3 runs crash at exit (STACK.md).
         if dist.is_initialized():

@@ -237,6 +237,9 @@ class StragglerConfig:
     min_excess_s: float = 0.02  # ... and more than this many seconds above it (tiny steps are all noise)
     window: int = 10  # reported when slow in `steps` of the last `window` steps
     steps: int = 5
+    # Also drain it: checkpoint, stop (exit 6) and let the launcher restart without its node, when the
+    # launcher can (Slurm with more than one node: it sets PRETRAIN_LAUNCHER_CAN_DRAIN); else only report.
+    drain: bool = False
 
     def __post_init__(self):
         if self.factor <= 1:

@@ -28,10 +28,20 @@ from collections import deque
 from trainer.config import SDCConfig, StragglerConfig
 
 SDC_EXIT = 5  # trainer/__main__.py's exit status when a rank is stopped for corruption (not restarted)
+DRAIN_EXIT = 6  # ... when the job stops to be restarted without a straggler's node (straggler.drain)
+DRAIN_ENV = "PRETRAIN_LAUNCHER_CAN_DRAIN"  # set by a launcher that can restart without a node
 
 
 class SDCStop(RuntimeError):
     """One rank produced corrupt figures too often: the job stops, naming it (restarting cannot help)."""
+
+    def __init__(self, message: str, *, rank: int, host: str):
+        super().__init__(message)
+        self.rank, self.host = rank, host
+
+
+class DrainRequested(RuntimeError):
+    """A straggler's node should leave the job: the trainer checkpoints and stops for the launcher."""
 
     def __init__(self, message: str, *, rank: int, host: str):
         super().__init__(message)

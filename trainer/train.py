@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import socket
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -31,7 +32,7 @@ from trainer.health import GradientProbe, LayerHealth
 from trainer.metrics import Metrics, device_peak, flops_per_token
 from trainer.model import CausalLM
 from trainer.optim import batch_at, lr_at, set_lr
-from trainer.rank_checks import CanaryCheck, SDCCheck, StragglerCheck, describe
+from trainer.rank_checks import DRAIN_ENV, CanaryCheck, DrainRequested, SDCCheck, StragglerCheck, describe
 from trainer.watchdog import StepWatchdog
 
 
@@ -124,6 +125,7 @@ class Trainer:
                                      output_dir=cfg.output_dir, on_fire=self.metrics.log_event)
         self._canary_batch = self._pick_canary()
         self._rank_busy: list[float] = []
+        self._drain: dict | None = None  # a straggler to drain, once the step is done
         self._pending: dict = {}
         self.history: list[dict] = []  # per step: step, loss, grad_norm, lr, batch, applied, samples
         point = self.checkpointer.find_resume() if cfg.checkpoint.resume else None
@@ -164,11 +166,13 @@ class Trainer:
         self.health = LayerHealth(self.cfg.health, self.model, self.probe, zero_stage=self.cfg.deepspeed.zero_stage)
 
     def _hosts(self) -> list[str]:
-        """Each rank's host name, by rank (stragglers and corrupt ranks are reported with their host)."""
-        hosts = [socket.gethostname()]
+        """Each rank's node, by rank (stragglers and corrupt ranks are reported with it): Slurm's node name
+        when under Slurm (what `srun --exclude` takes), else the host name."""
+        mine = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        hosts = [mine]
         if self.dist.world_size > 1:
             hosts = [None] * self.dist.world_size
-            torch_dist.all_gather_object(hosts, socket.gethostname())
+            torch_dist.all_gather_object(hosts, mine)
         return hosts
 
     def _pick_canary(self) -> dict | None:
@@ -270,6 +274,8 @@ class Trainer:
                 self.metrics.log_event(alarm)
         for event in self.stragglers.observe(st.step, self._rank_busy):
             self.metrics.log_event(event)
+            if event["event"] == "straggler" and cfg.straggler.drain and os.environ.get(DRAIN_ENV):
+                self._drain = self._drain or event  # every rank sees the same figures: all stop together
         verdict = self._pending["verdict"]
         if verdict is None:
             # DeepSpeed found the gradients non-finite and skipped the update without asking the gate.
@@ -382,9 +388,14 @@ class Trainer:
                     self.metrics.log_eval(step=st.step, losses=val)
                 if ckpt.due(st.step) or (last and cfg.checkpoint.save_final and st.step not in ckpt.saved):
                     ckpt.save(self)
+                if self._drain is not None and not last:
+                    self._stop_for_drain(ckpt)
             finished = True
         except GuardStop as e:
             self.metrics.log_event({"event": "guard_stop", "step": st.step, "message": str(e)})
+            raise
+        except DrainRequested:
+            finished = True  # its checkpoint is what the next attempt starts from: upload it
             raise
         finally:
             # A finished run waits for its uploads (a committed step is never abandoned); a failed one does not.
@@ -396,6 +407,16 @@ class Trainer:
         if self.dist.rank == 0:
             Path(cfg.output_dir, "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
+
+    def _stop_for_drain(self, ckpt: Checkpointer) -> None:
+        """Checkpoint this step and stop, so the launcher restarts the job without the straggler's node."""
+        event = self._drain
+        if self.state.step not in ckpt.saved:
+            ckpt.save(self)
+        self.metrics.log_event({"event": "drain", "step": self.state.step, "rank": event["rank"], "host": event["host"]})
+        raise DrainRequested(f"straggler: rank {event['rank']} on {event['host']} is persistently slow "
+                             f"({event['message']}); stopping at step {self.state.step} (checkpointed) so the "
+                             f"launcher restarts without {event['host']}", rank=event["rank"], host=event["host"])
 
     def rollback(self, e: RollbackRequested) -> None:
         """The guard's rollback: restore the newest checkpoint taken before the spike's data window,

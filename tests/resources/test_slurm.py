@@ -148,3 +148,40 @@ def test_inside_an_allocation_the_same_srun_is_a_step_of_it(slurm, tmp_path):
     assert lines == [f"--nproc_per_node 1 --nnodes 2 --node_rank {rank} --rdzv_backend c10d --rdzv_endpoint "
                      f"127.0.0.1:29555 --rdzv_id {job['JobId']}.0 -m trainer --config {tmp_path / 'run.json'}"
                      for rank in (0, 1)]
+
+
+def test_a_straggling_node_is_drained_and_the_job_goes_on_without_it(slurm, tmp_path):
+    """straggler.drain on 2 nodes: the slow rank's node is left out of the restart (srun --exclude), and the
+    run resumes on the other node alone at the same global batch (its checkpoint resharded)."""
+    job_name = f"pretrain-drain-{uuid.uuid4().hex[:8]}"
+    launcher = LauncherResource(launcher="slurm", nnodes=2, nproc_per_node=1,
+                                env={**ENV, "PRETRAIN_TEST_FAULT": "slow:rank=1,seconds=0.4"},
+                                slurm=SlurmConfig(partition=slurm.partition, time="00:10:00", cpus_per_task=1,
+                                                  job_name=job_name, rdzv_port=_free_port()))
+    config = run_dict(tmp_path / "out", train_tokens=10 * 8 * 64, deepspeed={"zero_stage": 1},
+                      metrics={"log_interval": 1, "eval_batches": 0, "tensorboard": False},
+                      straggler={"drain": True, "window": 4, "steps": 3, "min_excess_s": 0.05})
+    seen = {}
+
+    @asset
+    def drained_run(context: AssetExecutionContext, launcher: LauncherResource) -> MaterializeResult:
+        seen["result"] = launcher.launch(context, config, tmp_path / "work")
+        return MaterializeResult()
+
+    assert materialize([drained_run], instance=DagsterInstance.ephemeral(), resources={"launcher": launcher}).success
+    result = seen["result"]
+    [straggler] = result.events("straggler")
+    assert straggler["rank"] == 1 and straggler["host"] in slurm.nodes  # Slurm's node name, what --exclude takes
+    [drain] = result.events("drain")
+    [restart] = result.restarts
+    assert restart["exit_status"] == 6 and restart["drained"] == straggler["host"] == drain["host"]
+    assert restart["resumed_step"] == drain["step"] == straggler["step"] + 1  # checkpointed where it stopped
+    [resumed] = result.events("resumed")
+    assert resumed["world_size"] == 2 and resumed["universal"]  # 2 ranks' checkpoint into 1 rank
+    assert result.summary["steps"] == 10
+    # Slurm's side: the first job on both nodes, the second on the other node only.
+    jobs = [j for j in slurm.jobs() if j.get("JobName") == job_name]
+    assert [j["NumNodes"] for j in jobs] == ["2", "1"], jobs
+    assert jobs[1]["NodeList"] != straggler["host"] and jobs[1]["JobState"] == "COMPLETED"
+    srun = restart["command"]
+    assert f"--exclude={straggler['host']}" in srun and srun[srun.index("--nodes") + 1] == "1"
