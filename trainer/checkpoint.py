@@ -7,6 +7,12 @@
     ckpt.restore(trainer, point)             # engine shards (resharded when the world size changed), state, RNG
     if ckpt.due(step): ckpt.save(trainer)    # every rank calls it; rank 0 commits, uploads, retains
 
+save() only copies the state in memory (trainer.async_save): each rank's writer thread writes its files
+into step-<N>.partial and marks them written; rank 0's commit thread waits for every rank's mark, then
+commits; the uploader thread uploads. A step is visible only once all of that is done, so a kill at any
+point leaves the previous step as the newest. The next save, before(), discard_after(), restore() and
+close() wait for the write in flight and raise its error, as they do for the commit.
+
 A step folder (<local_dir>/step-<N:08d>/, committed by trainer.checkpoint_store):
 
     ds/...                     DeepSpeed's own files, engine.save_checkpoint(folder, tag="ds"): model states
@@ -46,6 +52,8 @@ import numpy as np
 import torch
 import torch.distributed as torch_dist
 
+from trainer.async_save import (BackgroundWriter, SnapshotEngine, mark_failed, mark_written, state_bytes,
+                                wait_written, write_files)
 from trainer.checkpoint_store import (CorruptCheckpoint, LocalCheckpoints, RemoteCheckpoints, ResumePoint, Uploader,
                                       find_resume)
 from trainer.config import CheckpointConfig, RunConfig
@@ -58,8 +66,9 @@ if TYPE_CHECKING:
 DS_TAG = "ds"  # DeepSpeed's files go to <step folder>/ds/
 TRAINER_FILE = "trainer.json"
 FIRST_AUTO_SAVE_STEPS = 100  # Young's rule needs a measured save time: the first save comes after this many steps
-# Test hook (the kill-mid-save test): seconds every rank sleeps inside save(), after DeepSpeed's shards
-# and before the RNG files and the trainer state, so a kill lands while step-<N>.partial exists.
+# Test hook (the kill-mid-save test): seconds every rank's background writer sleeps after writing DeepSpeed's
+# shards and before the RNG file, the trainer state and its done marker, so a kill lands while
+# step-<N>.partial holds shards but cannot yet be committed.
 SAVE_DELAY_ENV = "PRETRAIN_TEST_SAVE_DELAY_S"
 
 
@@ -146,6 +155,8 @@ class Checkpointer:
         # files to be written; commits never wait on the network (uploads have their own thread).
         self._committer: ThreadPoolExecutor | None = None
         self._commit_future: Future | None = None
+        # Every rank: the shards are snapshotted in memory by save() and written by this thread (async_save).
+        self._writer: BackgroundWriter | None = None
 
     @classmethod
     def for_run(cls, cfg: RunConfig, dist: Dist, on_event: Callable[[dict], None] = print) -> Checkpointer:
@@ -166,6 +177,7 @@ class Checkpointer:
     def before(self, sample_index: int) -> ResumePoint | None:
         """The newest committed, verified local step whose data position is at or before `sample_index`."""
         point = None
+        self._wait_writes()
         if self.rank == 0:
             self._settle()  # a step whose commit is in flight counts
             for step in reversed(self.local.committed()):
@@ -201,6 +213,7 @@ class Checkpointer:
     def restore(self, trainer: Trainer, point: ResumePoint, *, universal: bool = False) -> None:
         """Load the step into `trainer` (its engine freshly built), then its loop state and this rank's RNG."""
         engine = trainer.engine
+        self._wait_writes()  # nothing of this process is still being written when the state changes under it
         if universal:
             scratch = self.local.root / f".universal-{point.path.name}"
             if self.rank == 0:
@@ -239,6 +252,8 @@ class Checkpointer:
         A fixed interval saves at its multiples (the same steps whether or not the run was resumed);
         Young's rule saves `interval` steps after the last save, the interval recomputed at each save."""
         self.drain()
+        if self._writer is not None:
+            self._writer.check()  # a failed background write stops the loop at once, on the rank it failed on
         if self._mark is None:
             self._mark = (time.perf_counter(), step)
         if not self.interval:
@@ -248,24 +263,48 @@ class Checkpointer:
         return step >= self._next_save
 
     def save(self, trainer: Trainer) -> None:
-        """Every rank writes its files; then rank 0 commits in the commit thread (which hands the step to
-        the uploader and applies local retention), so the loop waits only for the writes."""
+        """Every rank snapshots its state in memory and hands the files to its writer thread; rank 0 queues the
+        commit (it waits for every rank's files, then hashes, writes the manifest, renames, hands the step to
+        the uploader and applies local retention). The loop waits only for the in-memory copies."""
         t0 = time.perf_counter()
         st, step = trainer.state, trainer.state.step
+        # One snapshot in flight per rank: the previous step's files are written before this one is copied.
+        self._wait_writes()
         if self.rank == 0:
+            # And committed: its commit waited for every rank's files, so no rank still writes into a folder
+            # that staging_dir() may clear (the same step saved again after a rollback). A failed one raises.
+            self._settle()
             folder = self.local.staging_dir(step)
         self._barrier()
         if self.rank != 0:
             folder = self.local.staging_dir(step, fresh=False)
-        trainer.engine.save_checkpoint(str(folder), tag=DS_TAG, save_latest=False)
-        delay = float(os.environ.get(SAVE_DELAY_ENV, "0") or 0)
-        if delay:
-            time.sleep(delay)
-        torch.save(rng_state(), folder / rank_file(self.rank))
+        engine = trainer.engine
+        engine.checkpoint_engine = snapshots = SnapshotEngine.replacing(engine.checkpoint_engine)
+        snapshots.take()  # nothing left over from a save that raised half-way
+        engine.save_checkpoint(str(folder), tag=DS_TAG, save_latest=False)  # DeepSpeed's files, snapshotted
+        shards = snapshots.take()
+        rest = [(folder / rank_file(self.rank), rng_state())]
         if self.rank == 0:
-            (folder / TRAINER_FILE).write_text(json.dumps(trainer.state_dict(), indent=1))
-        self._barrier()  # every rank's files are in place
-        nbytes = 0
+            rest.append((folder / TRAINER_FILE, json.dumps(trainer.state_dict(), indent=1).encode()))
+        nbytes = state_bytes(shards)
+        delay = float(os.environ.get(SAVE_DELAY_ENV, "0") or 0)
+        zipfile = snapshots.zipfile_serialization
+        rank = self.rank
+
+        def write() -> None:
+            try:
+                write_files(shards, zipfile_serialization=zipfile)
+                if delay:
+                    time.sleep(delay)
+                write_files(rest)
+                mark_written(folder, rank)  # the commit on rank 0 waits for this file from every rank
+            except BaseException as e:
+                mark_failed(folder, rank, e)
+                raise
+
+        if self._writer is None:
+            self._writer = BackgroundWriter()
+        self._writer.submit(write)
         if self.rank == 0:
             cfg = trainer.cfg
             header = {"step": step, "tokens": st.tokens, "world_size": self.world_size,
@@ -273,8 +312,6 @@ class Checkpointer:
                       "stage": cfg.stage, "run_name": self.cfg.run_name, "zero_stage": cfg.deepspeed.zero_stage,
                       "config": cfg.to_dict(), "tokenizer_sha256": cfg.tokenizer_sha256,
                       "lineage": list(cfg.lineage), "skip_windows": [list(w) for w in st.skip_windows]}
-            nbytes = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-            self._settle()  # the previous commit is done (a failed one raises here) before this one queues
             if self._committer is None:
                 self._committer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-commit")
             self._commit_future = self._committer.submit(self._commit, step, header)
@@ -290,16 +327,22 @@ class Checkpointer:
         self._mark = (now, step)
         self.saved.append(step)
         if self.rank == 0:
-            # `seconds` is the loop's stall; the commit and the upload report their own events when done.
+            # `seconds` is the loop's stall, `bytes` rank 0's snapshot of DeepSpeed's state; the write, the commit
+            # and the upload go on in their threads, which report their own events when done.
             self._event({"event": "checkpoint_saved", "step": step, "seconds": round(seconds, 3), "bytes": nbytes,
                          "interval_steps": self.interval})
         return None
 
     def _commit(self, step: int, header: dict) -> dict:
-        """Rank 0, in the commit thread: commit the step, hand it to the uploader, apply local retention."""
+        """Rank 0, in the commit thread: wait for every rank's files, commit the step, hand it to the uploader,
+        apply local retention."""
         start = time.perf_counter()
+        wait_written(self.local.partial_path(step), self.world_size)
+        written = time.perf_counter()
         manifest = self.local.commit(step, header)
-        self._events.append({"event": "committed", "step": step, "seconds": round(time.perf_counter() - start, 3)})
+        self._events.append({"event": "committed", "step": step, "seconds": round(time.perf_counter() - start, 3),
+                             "write_wait_seconds": round(written - start, 3),
+                             "bytes": sum(f["bytes"] for f in manifest["files"])})
         if self.remote is not None:
             if self.uploader is None:
                 self.uploader = Uploader(self.store, self.remote_prefix, keep_last=self.cfg.keep_last,
@@ -311,6 +354,11 @@ class Checkpointer:
                           protect=self.uploader.pending() if self.uploader else frozenset())
         return manifest
 
+    def _wait_writes(self) -> None:
+        """Wait for this rank's background write; its error (a full disk, say) surfaces in the loop, loudly."""
+        if self._writer is not None:
+            self._writer.wait()
+
     def _settle(self) -> None:
         """Wait for the commit in flight; its error (a full disk, say) surfaces in the loop, loudly."""
         future, self._commit_future = self._commit_future, None
@@ -321,6 +369,7 @@ class Checkpointer:
         """After a rollback to `step`: the local steps past it hold the path that was rolled back, so a
         resume must never pick them. (Their remote copies are replaced when the run reaches them again.)"""
         dropped = []
+        self._wait_writes()
         if self.rank == 0:
             self._settle()
             pending = self.uploader.pending() if self.uploader else set()
@@ -338,13 +387,20 @@ class Checkpointer:
 
     def close(self, *, wait: bool = True) -> None:
         """Wait for the commit in flight, then the uploads (forever when `wait`: a committed step is never
-        abandoned), then stop."""
-        if self._committer is not None:
-            try:
-                self._settle()
-            finally:
-                self._committer.shutdown(wait=True)
-                self._committer = None
+        abandoned), then stop. This rank's write in flight is always waited for (it is local and bounded)."""
+        try:
+            if self._writer is not None:
+                try:
+                    self._writer.close()
+                finally:
+                    self._writer = None
+        finally:  # a failed write fails rank 0's commit too (its marker says why): settle that as well
+            if self._committer is not None:
+                try:
+                    self._settle()
+                finally:
+                    self._committer.shutdown(wait=True)
+                    self._committer = None
         if self.uploader is not None:
             pending = sorted(self.uploader.pending())
             if pending and wait:

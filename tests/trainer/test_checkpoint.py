@@ -134,10 +134,11 @@ def test_kill_mid_step_then_mid_save_replays_bit_identical_losses(tmp_path, two_
     _kill_when(_start(run_json), lambda: kill_step in _losses(_records(out)))
     assert local.committed() == [3]
 
-    # 2. Restarted, then killed mid-save (every rank sleeps inside save, after its DeepSpeed shards).
+    # 2. Restarted, then killed mid-save: a rank's DeepSpeed shards are on disk, and every rank's writer thread
+    # sleeps after its shards, before its RNG file, the trainer state and its done marker.
     save_step = rng.choice([6, 9])
     proc = _start(run_json, {SAVE_DELAY_ENV: "2"})
-    _kill_when(proc, lambda: local.partial_path(save_step).is_dir() and any(local.partial_path(save_step).iterdir()))
+    _kill_when(proc, lambda: any(local.partial_path(save_step).glob("ds/*.pt")))
     before = [s for s in SAVES if s < save_step]
     assert local.committed() == before and local.latest() == before[-1]  # the partial step is never committed
     assert save_step in local.partials()
@@ -340,6 +341,98 @@ def test_training_goes_on_while_the_object_store_is_unreachable(tmp_path, s3, s3
     keys = open_store(url).list("checkpoints/main/run")
     assert {k.split("/")[3] for k in keys if "step-" in k} == {step_name(9), step_name(12)}  # no partial upload
     assert local.committed() == [9, 12]  # local retention once the uploads were done
+
+
+def _gate_writes(monkeypatch):
+    """Hold every background checkpoint file write until the returned event is set."""
+    import trainer.async_save as async_save
+
+    gate, real = threading.Event(), async_save.write_file
+
+    def gated(path, obj, **kw):
+        assert gate.wait(120), "the test never opened the gate"
+        real(path, obj, **kw)
+
+    monkeypatch.setattr(async_save, "write_file", gated)
+    return gate
+
+
+def test_save_returns_before_the_shards_are_written_and_the_commit_waits_for_them(tmp_path, monkeypatch):
+    gate = _gate_writes(monkeypatch)
+    trainer = _trainer(tmp_path / "out")
+    ckpt = trainer.checkpointer
+    trainer.step()
+    trainer.step()
+    at_save = {k: v.clone() for k, v in trainer.engine.module.state_dict().items()}
+    ckpt.save(trainer)  # back in the loop with every file write still held
+    staging = ckpt.local.partial_path(2)
+    assert staging.is_dir() and not [p.name for p in staging.rglob("*.pt")]  # no shard, no RNG file yet
+    assert not (staging / "trainer.json").exists() and ckpt.local.committed() == []
+    trainer.step()  # training changes the very tensors the save copied
+    assert any(not torch.equal(v, at_save[k]) for k, v in trainer.engine.module.state_dict().items())
+    # The commit thread is waiting for the rank's files: it cannot have committed, nor given up.
+    assert not ckpt._commit_future.done() and ckpt.local.committed() == []
+    gate.set()
+    ckpt.close()
+    assert ckpt.local.committed() == [2] and not ckpt.local.partials()
+    manifest = ckpt.local.verify(2)
+    assert not [f["path"] for f in manifest["files"] if f["path"].startswith(".")]  # the done markers are gone
+    # The files hold the state as it was when save() returned, not the one training moved on to.
+    saved = torch.load(ckpt.local.path(2) / "ds" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    assert saved.keys() == at_save.keys() and all(torch.equal(saved[k], at_save[k]) for k in at_save)
+    committed = [r for r in read_metrics(tmp_path / "out") if r["event"] == "committed"]
+    assert committed[0]["bytes"] == sum(f["bytes"] for f in manifest["files"])
+
+
+def test_a_failed_background_write_stops_the_loop_and_commits_nothing(tmp_path, monkeypatch):
+    import trainer.async_save as async_save
+    from trainer.async_save import WriteFailed
+
+    gate = _gate_writes(monkeypatch)
+    real = async_save.write_file
+
+    def full_disk(path, obj, **kw):
+        if str(path).endswith("optim_states.pt"):
+            raise OSError(28, "No space left on device", str(path))
+        real(path, obj, **kw)
+
+    trainer = _trainer(tmp_path / "out")
+    ckpt = trainer.checkpointer
+    trainer.step()
+    monkeypatch.setattr(async_save, "write_file", full_disk)
+    gate.set()
+    ckpt.save(trainer)
+    trainer.step()
+    with pytest.raises(OSError, match="No space left on device"):  # the next save waits for the write first
+        ckpt.save(trainer)
+    assert trainer.state.step not in ckpt.saved
+    with pytest.raises(WriteFailed, match=r"rank 0 failed to write its checkpoint files.*No space left on device"):
+        ckpt.close()  # rank 0's commit read the rank's failure marker rather than waiting for it
+    assert ckpt.local.committed() == [] and ckpt.local.partials() == [1]
+
+
+def test_a_snapshot_is_a_copy_in_buffers_reused_by_the_next_one_and_keeps_shared_tensors_shared():
+    import io
+
+    from trainer.async_save import Snapshotter
+
+    weight, gain = torch.randn(4, 3, requires_grad=True), torch.nn.Parameter(torch.ones(2))
+    state = {"w": weight, "groups": [weight, (gain, 3)], "name": "x"}
+    snapshot = Snapshotter()
+    first = snapshot(state, "model.pt")
+    assert first["w"] is first["groups"][0] and first["w"].data_ptr() != weight.data_ptr()
+    assert torch.equal(first["w"], weight) and first["w"].requires_grad
+    assert type(first["groups"][1][0]) is torch.nn.Parameter and first["groups"][1][1] == 3 and first["name"] == "x"
+    with torch.no_grad():
+        weight.add_(1.0)
+    assert not torch.equal(first["w"], weight)  # training may change the original: the snapshot stays
+    second = snapshot(state, "model.pt")
+    assert second["w"].data_ptr() == first["w"].data_ptr() and torch.equal(second["w"], weight)
+    buffer = io.BytesIO()
+    torch.save(second, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert loaded["w"] is loaded["groups"][0] and torch.equal(loaded["w"], weight)  # stored once, as before
 
 
 def test_young_interval_from_measured_save_time():
