@@ -37,6 +37,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from resources.launcher import LauncherResource
+from resources.slurm import SlurmConfig
 from trainer.config import RunConfig, from_dict
 from trainer.mixing import MixingConfig
 
@@ -70,6 +71,17 @@ class LaunchSettings(BaseModel):
     nproc_per_node: int | None = Field(None, ge=1)
     nnodes: int | None = Field(None, ge=1)
     max_restarts: int | None = Field(None, ge=0)
+    slurm: SlurmConfig | None = None  # launcher slurm: partition, time, GPUs, srun args (resources/slurm.py)
+
+    @field_validator("slurm", mode="before")
+    @classmethod
+    def _known_slurm_fields(cls, value):
+        # Dagster's Config lets unknown keys through: a misspelt one would be silently ignored.
+        if isinstance(value, dict):
+            unknown = sorted(set(value) - set(SlurmConfig.model_fields))
+            if unknown:
+                raise ValueError(f"{unknown[0]}: not a slurm field (slurm sets {', '.join(SlurmConfig.model_fields)})")
+        return value
 
     @model_validator(mode="after")
     def _one_process_for_python(self):

@@ -75,7 +75,10 @@ def test_the_sweep_has_its_schedule_and_the_automation_keeps_it_going():
         (lambda raw: raw["training"]["long_context"][0].update(launch={"launcher": "mpirun"}),
          "training.long_context[0] (long_512).launch.launcher: Input should be 'python', 'torchrun'"),
         (lambda raw: raw["training"]["anneal"].update(launch={"procs": 2}),
-         "training.anneal.launch.procs: not a launch field (launch sets launcher, nproc_per_node, nnodes, max_restarts)"),
+         "training.anneal.launch.procs: not a launch field (launch sets launcher, nproc_per_node, nnodes, max_restarts, "
+         "slurm)"),
+        (lambda raw: raw["training"]["main"].update(launch={"launcher": "slurm", "slurm": {"partiton": "gpu"}}),
+         "training.main.launch.slurm: partiton: not a slurm field (slurm sets partition, time"),
         (lambda raw: raw["training"]["main"].update(launch={"launcher": "python", "nproc_per_node": 2}),
          "training.main.launch.nproc_per_node: launcher 'python' runs one process"),
         (lambda raw: raw["training"]["main"].update(launch={"max_restarts": -1}),
@@ -125,3 +128,22 @@ def test_a_stages_launch_settings_reach_its_trainer_command_and_leave_its_versio
     assert command[1:] == ["--nproc_per_node", "2", "--standalone", "-m", "trainer", "--config", str(run)]
     assert resource.with_settings(launch["training/main"]).max_restarts == 1
     assert resource.with_settings(launch["mixing/mix_sweep"]).command(run)[1:3] == ["-m", "trainer"]
+
+
+def test_a_stage_can_run_on_slurm_with_its_own_partition(tmp_path):
+    """The README's example: launch: {launcher: slurm, nnodes: 4, slurm: {...}} validates and makes the srun."""
+    from assets.definitions import build_defs
+    from resources.launcher import LauncherResource
+
+    def on_slurm(raw):
+        raw["training"]["main"]["launch"] = {"launcher": "slurm", "nnodes": 4, "nproc_per_node": 8, "slurm": {
+            "partition": "gpu", "time": "12:00:00", "gpus_per_node": 8, "srun_args": ["--account=ml"]}}
+
+    defs = build_defs(load_recipe(write_recipe(tmp_path, on_slurm)))
+    from dagster import AssetKey
+
+    launch = defs.resolve_asset_graph().get(AssetKey(["training", "main"])).metadata["launch"].value
+    command = LauncherResource().with_settings(launch).command(tmp_path / "run.json")
+    assert command[0] == "srun" and "--account=ml" in command
+    for flag, value in [("--nodes", "4"), ("--partition", "gpu"), ("--time", "12:00:00"), ("--gpus-per-node", "8")]:
+        assert command[command.index(flag) + 1] == value
