@@ -58,16 +58,15 @@ class GradientProbe:
         self.sq = torch.zeros(len(self.layers), dtype=torch.float32, device=device)
         self.step = 0
         self.faults = faults
-        self._handles = []
         first = True
         for name, p in model.named_parameters():
             if not p.requires_grad:
                 continue
             if first and faults is not None and faults.wants_corruption():
                 # The test's corruption goes in first, so this rank's figures and the all-reduce both see it.
-                self._handles.append(p.register_hook(lambda g: self.faults.corrupt_gradient(self.step, g)))
+                p.register_hook(lambda g: self.faults.corrupt_gradient(self.step, g))
             first = False
-            self._handles.append(p.register_hook(self._accumulate(index[layer_of(name)])))
+            p.register_hook(self._accumulate(index[layer_of(name)]))
 
     def _accumulate(self, i: int):
         def hook(grad: torch.Tensor):
@@ -87,11 +86,6 @@ class GradientProbe:
     def per_layer(self) -> dict[str, float]:
         return dict(zip(self.layers, self.sq.sqrt().tolist()))
 
-    def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-
 
 class LayerHealth:
     def __init__(self, cfg: HealthConfig, model: nn.Module, probe: GradientProbe, *, zero_stage: int = 0):
@@ -100,8 +94,8 @@ class LayerHealth:
         self.active = False
         self.act: dict[str, float] = {}
         self.history: dict[tuple[str, str], deque[float]] = {}
-        blocks = model.transformer.blocks
-        self._handles = [block.register_forward_hook(self._activation(f"block.{i}")) for i, block in enumerate(blocks)]
+        for i, block in enumerate(model.transformer.blocks):
+            block.register_forward_hook(self._activation(f"block.{i}"))
 
     def due(self, step: int) -> bool:
         return bool(self.cfg.interval) and step % self.cfg.interval == 0
