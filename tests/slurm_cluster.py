@@ -23,13 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.s3_server import _free_port  # one free-port helper for the tests' loopback servers
+
 SLURM_BINARIES = ("munged", "slurmctld", "slurmd", "srun", "sinfo", "scontrol")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

@@ -8,7 +8,6 @@ is a step of that job.
 
 import json
 import shlex
-import socket
 import uuid
 
 import pytest
@@ -17,6 +16,7 @@ from dagster import AssetExecutionContext, DagsterInstance, MaterializeResult, a
 from resources.launcher import LauncherResource
 from resources.slurm import SlurmConfig, node_script
 from tests.conftest import REPO
+from tests.s3_server import _free_port
 from tests.trainer.conftest import run_dict
 
 
@@ -47,12 +47,6 @@ def test_the_srun_command_and_each_nodes_torchrun(tmp_path):
     # A path with a space stays one argument of the trainer.
     assert node_script(SlurmConfig(), 1, "/opt/my venv/bin/torchrun", ["--config", "/a b/run.json"]).endswith(
         "--config '/a b/run.json'")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # One thread a process on the 2 shared cores; DeepSpeed's C++ op built once (~40 s) into the shared cache.
