@@ -160,9 +160,11 @@ def mixing_assets(recipe: Recipe) -> list:
                 context.log.warning(f"no held-out documents for {sorted(set(sources) - set(val))}: the average "
                                     f"is over {sorted(val)}")
             target = sum(val.values()) / len(val) if recipe.mixing.target == "average" else val[recipe.mixing.target]
+            precision = result.events("precision")
             payload = {"mixture": name, "weights": weights, "val_loss": val, "target_loss": target,
                        "target": recipe.mixing.target, "tokens": result.summary.get("tokens"),
-                       "losses": result.summary.get("losses")}
+                       "losses": result.summary.get("losses"),
+                       "precision": precision[-1]["dtype"] if precision else None}
             (work / "result").mkdir()
             (work / "result" / RESULT_FILE).write_text(json.dumps(payload, indent=1, sort_keys=True))
             manifest = commit_folder(object_store, prefix, work / "result", {
@@ -172,7 +174,7 @@ def mixing_assets(recipe: Recipe) -> list:
         payload = json.loads(object_store.get_bytes(f"{prefix}/{RESULT_FILE}"))
         return committed_result(object_store, prefix, manifest, metadata={
             "target_loss": payload["target_loss"], "val_loss": MetadataValue.json(payload["val_loss"]),
-            "weights": MetadataValue.json(payload["weights"]),
+            "weights": MetadataValue.json(payload["weights"]), "precision": payload.get("precision") or "unknown",
             "weights_plot": bar_chart(payload["weights"], title=f"mixture {name}", ylabel="weight"),
             "val_loss_plot": bar_chart(payload["val_loss"], title="validation loss per domain", ylabel="loss")})
 

@@ -170,9 +170,14 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, previous: str | None
         records = [json.loads(line) for line in object_store.get_bytes(f"{prefix}/{METRICS_FILE}").splitlines()]
         train = [r for r in records if r.get("event") == "train"]
         evals = [r for r in records if r.get("event") == "eval"]
+        # bf16 or fp32 as the trainer resolved it (deepspeed.bf16: auto picks by the hardware); every restart
+        # logs it again and keeps the first one's, so the last record is the run's.
+        precision = [r for r in records if r.get("event") == "precision"]
         return committed_result(object_store, prefix, manifest, metadata={
             "checkpoint": MetadataValue.path(manifest["checkpoint"]["uri"]),
             "checkpoint_step": manifest["checkpoint"]["step"],
+            "precision": precision[-1]["dtype"] if precision else "unknown",
+            "precision_reason": precision[-1]["reason"] if precision else "not recorded",
             "tokens": summary["tokens"], "steps": summary["steps"],
             "final_loss": train[-1]["loss"] if train else float("nan"),
             "mfu": train[-1]["mfu"] if train else 0.0,

@@ -76,6 +76,17 @@ class ResumeRefused(ValueError):
     """The checkpoint cannot continue this run as configured (the message names the field)."""
 
 
+def saved_precision(manifest: dict) -> dict | None:
+    """The precision record a step was written in; steps from before the record existed have the resolved
+    bool in their config (None: not known)."""
+    if manifest.get("precision"):
+        return manifest["precision"]
+    bf16 = manifest.get("config", {}).get("deepspeed", {}).get("bf16")
+    if isinstance(bf16, bool):
+        return {"dtype": "bf16" if bf16 else "fp32", "requested": str(bf16).lower(), "reason": "from the config"}
+    return None
+
+
 def rank_file(rank: int) -> str:
     return f"rank-{rank:05d}.pt"
 
@@ -202,8 +213,20 @@ class Checkpointer:
         self._event({"event": "batch_change", "step": point.step, "from": old, "to": new})
 
     def needs_universal(self, point: ResumePoint | None, cfg: RunConfig) -> bool:
-        """Whether the engine must load the step as a universal checkpoint (another world size)."""
-        if point is None or point.manifest["world_size"] == self.world_size:
+        """Whether the engine must load the step as a universal checkpoint (another world size or precision:
+        bf16 and fp32 engines keep their optimizer state in different shapes)."""
+        if point is None:
+            return False
+        before = saved_precision(point.manifest)
+        now = "bf16" if cfg.deepspeed.bf16 else "fp32"
+        changed = before is not None and before["dtype"] != now
+        if changed and (cfg.deepspeed.zero_stage == 0 or point.manifest.get("zero_stage", 0) == 0):
+            # ZeRO-0 in fp32 keeps Adam's state inside the model file, where no universal conversion reads it.
+            raise ResumeRefused(
+                f"checkpoint {point.path} was written in {before['dtype']}, this run forces {now} "
+                f"(deepspeed.bf16): changing precision on resume needs deepspeed.zero_stage >= 1 on both sides. "
+                f"Set deepspeed.bf16 to \"auto\" to continue in {before['dtype']}.")
+        if point.manifest["world_size"] == self.world_size and not changed:
             return False
         # fp32 ZeRO-0 keeps the whole optimizer state in the one model-states file: it loads as it is.
         return cfg.deepspeed.zero_stage > 0 or cfg.deepspeed.bf16
@@ -310,6 +333,7 @@ class Checkpointer:
             header = {"step": step, "tokens": st.tokens, "world_size": self.world_size,
                       "global_batch": cfg.batch.global_batch, "data_position": st.sample_index,
                       "stage": cfg.stage, "run_name": self.cfg.run_name, "zero_stage": cfg.deepspeed.zero_stage,
+                      "precision": trainer.precision.record(),
                       "config": cfg.to_dict(), "tokenizer_sha256": cfg.tokenizer_sha256,
                       "lineage": list(cfg.lineage), "skip_windows": [list(w) for w in st.skip_windows]}
             if self._committer is None:

@@ -141,7 +141,13 @@ class BatchConfig:
 @dataclass(frozen=True, kw_only=True)
 class DeepSpeedConfig:
     zero_stage: Literal[0, 1, 2, 3] = 0
-    bf16: bool = True  # bf16 weights and activations, fp32 master weights in the optimizer
+    # bf16 weights and activations with fp32 master weights in the optimizer, or fp32 throughout. "auto":
+    # bf16 where the device computes it natively (trainer.precision), fp32 elsewhere; true / false force it.
+    bf16: bool | Literal["auto"] = "auto"
+
+    def __post_init__(self):
+        if self.bf16 not in (True, False, "auto"):
+            raise ValueError(f'deepspeed.bf16: expected true, false or "auto", got {self.bf16!r}')
 
 
 @dataclass(frozen=True, kw_only=True)

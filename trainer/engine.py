@@ -62,6 +62,7 @@ def init_distributed(*, timeout_s: float | None = None) -> Dist:
 def deepspeed_config(cfg: RunConfig, world_size: int, *, load_universal: bool = False) -> dict:
     b = cfg.batch
     b.check_world(world_size)
+    assert isinstance(cfg.deepspeed.bf16, bool), "resolve deepspeed.bf16 first (trainer.precision)"
     own_clip = _gate_clips(cfg)
     config = {
         "train_batch_size": b.global_batch,

@@ -1,8 +1,10 @@
 """Training metrics: a progress line with ETA on stdout, a JSONL file and TensorBoard event files.
 
-MFU = (6N + 12·L·T·d) · tokens/s ÷ peak FLOP/s, with N the parameters outside the input embedding
-(a lookup, not a matmul) and 12·L·T·d the attention scores and values (PaLM appendix B). The peak
-comes from a device table; on CPU it is a measured bf16 matmul rate, labelled as such.
+MFU = (6N + 12·L·T·d) · tokens/s ÷ (peak FLOP/s per device × devices), with N the parameters outside the
+input embedding (a lookup, not a matmul) and 12·L·T·d the attention scores and values (PaLM appendix B).
+The peak is that of the dtype the run computes in: from a device table on known GPUs; on a CPU the best
+matmul rate measured once per machine, dtype and thread count and cached under PRETRAIN_HOME
+(trainer.peak), labelled as measured.
 """
 
 from __future__ import annotations
@@ -12,47 +14,13 @@ import math
 import time
 from pathlib import Path
 
-import torch
-
 from trainer.config import MetricsConfig, ModelConfig
+from trainer.peak import Peak
 from trainer.pipes_report import PipesReporter
-
-# Dense bf16 peak FLOP/s (no sparsity), matched against torch.cuda.get_device_name().
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
 
 
 def flops_per_token(n_params_no_embedding: int, cfg: ModelConfig, seq_len: int) -> float:
     return 6 * n_params_no_embedding + 12 * cfg.n_layers * seq_len * cfg.d_model
-
-
-def measure_matmul_peak(device: torch.device, n: int = 1024, repeats: int = 8) -> float:
-    """Best bf16 matmul FLOP/s seen on `device`: the CPU's 'peak' (and a stand-in for unknown GPUs)."""
-    n = n if device.type == "cpu" else 8192
-    a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
-    b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    a @ b  # warm-up
-    best = math.inf
-    for _ in range(repeats):
-        sync()
-        t = time.perf_counter()
-        a @ b
-        sync()
-        best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best
-
-
-def device_peak(device: torch.device, override: float | None = None) -> tuple[float, str]:
-    """(peak FLOP/s, label) for MFU."""
-    if override:
-        return override, "configured peak"
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, peak in PEAK_BF16_FLOPS.items():
-            if key in name:
-                return peak, f"{key} bf16 peak"
-        return measure_matmul_peak(device), f"{name} measured bf16 matmul peak (not in the device table)"
-    return measure_matmul_peak(device), "CPU measured bf16 matmul peak"
 
 
 def _eta(seconds: float) -> str:
@@ -64,11 +32,12 @@ class Metrics:
     """Writes on rank 0 only; every rank may call it."""
 
     def __init__(self, cfg: MetricsConfig, output_dir: str | Path, *, rank: int, flops_per_token: float,
-                 peak: tuple[float, str], train_tokens: int):
+                 train_tokens: int, world_size: int = 1, peak: Peak | None = None):
         self.cfg = cfg
         self.active = rank == 0
         self.flops_per_token = flops_per_token
-        self.peak, self.peak_label = peak
+        self.world_size = world_size  # tokens/s are the whole job's: MFU divides by every device's peak
+        self.peak = peak  # set once the run's precision is known (set_peak)
         self.train_tokens = train_tokens
         self.jsonl = None
         self.tb = None
@@ -86,6 +55,9 @@ class Metrics:
         # Under Dagster Pipes (the launcher resource), records and progress lines also go to the asset.
         self.pipes = PipesReporter.open(rank)
 
+    def set_peak(self, peak: Peak) -> None:
+        self.peak = peak
+
     def count(self, tokens: int) -> None:
         self._window_tokens += tokens
 
@@ -95,12 +67,15 @@ class Metrics:
         now = time.perf_counter()
         elapsed = max(now - self._window_start, 1e-9)
         tps = self._window_tokens / elapsed
-        mfu = self.flops_per_token * tps / self.peak
+        per_device = self.flops_per_token * tps / self.world_size
+        # A device cannot beat its own peak: a measured one that it beats was measured low (a loaded machine).
+        self.peak.raise_to(per_device)
+        mfu = per_device / self.peak.flops
         self._window_start, self._window_tokens = now, 0
         run_tps = tokens / max(now - self._run_start, 1e-9)
         eta = (self.train_tokens - tokens) / run_tps if run_tps > 0 else 0.0
         record = {"event": "train", "step": step, "tokens": tokens, "loss": loss, "grad_norm": grad_norm,
-                  "lr": lr, "batch": batch, "tokens_per_s": tps, "mfu": mfu, "peak": self.peak_label,
+                  "lr": lr, "batch": batch, "tokens_per_s": tps, "mfu": mfu, "peak": self.peak.label,
                   "time": time.time()}
         if rank_busy_s:
             record["rank_busy_s"] = [round(t, 4) for t in rank_busy_s]  # the last step's, per rank (stragglers)
@@ -108,7 +83,7 @@ class Metrics:
             print(
                 f"step {step:>6} | tokens {tokens:>12,} ({100 * tokens / self.train_tokens:5.1f}%) | loss {loss:.4f} | "
                 f"gnorm {grad_norm:.3f} | lr {lr:.2e} | batch {batch} | {tps:,.0f} tok/s | "
-                f"MFU {100 * mfu:.2f}% ({self.peak_label}) | ETA {_eta(eta)}",
+                f"MFU {100 * mfu:.2f}% ({self.peak.label}) | ETA {_eta(eta)}",
                 flush=True,
             )
             self._write(record)

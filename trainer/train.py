@@ -22,16 +22,18 @@ from typing import Callable, Protocol
 import torch
 import torch.distributed as torch_dist
 
-from trainer.checkpoint import Checkpointer
+from trainer.checkpoint import Checkpointer, saved_precision
 from trainer.config import RunConfig
 from trainer.data import rank_indices
 from trainer.engine import Dist, build_engine, init_distributed
 from trainer.faults import Faults
 from trainer.guard import GuardStop, RollbackRequested, SpikeGuard, TooManySkips, Verdict
 from trainer.health import GradientProbe, LayerHealth
-from trainer.metrics import Metrics, device_peak, flops_per_token
+from trainer.metrics import Metrics, flops_per_token
 from trainer.model import CausalLM
 from trainer.optim import batch_at, lr_at, set_lr
+from trainer.peak import device_peak
+from trainer.precision import resolve_precision
 from trainer.rank_checks import DRAIN_ENV, CanaryCheck, DrainRequested, SDCCheck, StragglerCheck, describe
 from trainer.watchdog import StepWatchdog
 
@@ -109,9 +111,8 @@ class Trainer:
         self.n_params = self.model.transformer.num_params()
         self.guard = SpikeGuard(cfg.guard)
         self.state = TrainState()
-        self.metrics = Metrics(cfg.metrics, cfg.output_dir, rank=self.dist.rank,
+        self.metrics = Metrics(cfg.metrics, cfg.output_dir, rank=self.dist.rank, world_size=self.dist.world_size,
                                flops_per_token=flops_per_token(n_matmul, cfg.model, cfg.batch.seq_len),
-                               peak=device_peak(self.dist.device, cfg.metrics.peak_flops),
                                train_tokens=cfg.train_tokens)
         if getattr(train_source, "left_out", None):
             self.metrics.log_event({"event": "sources_left_out", "sources": train_source.left_out,
@@ -129,6 +130,13 @@ class Trainer:
         self._pending: dict = {}
         self.history: list[dict] = []  # per step: step, loss, grad_norm, lr, batch, applied, samples
         point = self.checkpointer.find_resume() if cfg.checkpoint.resume else None
+        # bf16 or fp32, by the hardware unless forced; a resumed run keeps what it started with. From here on
+        # cfg says which (true / false), so the engine, the checkpoints and the evaluation all see one answer.
+        self.precision = resolve_precision(cfg.deepspeed.bf16, self.dist.device,
+                                           resumed=saved_precision(point.manifest) if point is not None else None)
+        self.cfg = cfg = replace(cfg, deepspeed=replace(cfg.deepspeed, bf16=self.precision.bf16))
+        self.metrics.set_peak(device_peak(self.dist.device, self.precision.dtype, cfg.metrics.peak_flops))
+        self.metrics.log_event({"event": "precision", **self.precision.record()})
         try:
             if point is not None:
                 self.checkpointer.check_batch(point, cfg)

@@ -35,7 +35,7 @@ def write_recipe(path, main_steps=6):
         raw.pop(section, None)
     raw["training"] = {
         "main": {"train_tokens": main_steps * 8 * 64, "model": MODEL, "batch": BATCH, "optim": {"lr": 3e-3},
-                 "deepspeed": {"zero_stage": 1, "bf16": True},
+                 "deepspeed": {"zero_stage": 1, "bf16": "auto"},
                  "metrics": {"log_interval": 1, "eval_batches": 1, "tensorboard": False},
                  "checkpoint": {"interval_steps": 2, "keep_last": 2}},
         "long_context": [{"name": "long_128", "train_tokens": 2 * 4 * 128, "model": {"rope_base": 50000.0},
@@ -68,6 +68,10 @@ def test_every_stage_trains_from_the_one_before_and_is_evaluated(tmp_path, monke
         prefix = meta["checkpoint"].split("/store/", 1)[1]  # file://…/store/checkpoints/<stage>/<vkey>/step-N
         manifest = json.loads(store.get_bytes(f"{prefix}/manifest.json"))
         assert manifest["step"] == meta["checkpoint_step"] and manifest["config"]["stage"] == name
+        # The precision the trainer chose for this machine, in the checkpoint and in the asset's metadata.
+        assert manifest["precision"]["requested"] == "auto"
+        assert manifest["precision"]["dtype"] == meta["precision"] in ("bf16", "fp32")
+        assert meta["precision_reason"] == manifest["precision"]["reason"]
         assert "data:image/png;base64," in meta["loss_curve"]
         assets = [r["asset"] for r in manifest["lineage"]]
         assert {"tokenization/math/packed", "tokenization/tokenizer", "curation/math/raw_crawl"} <= set(assets)

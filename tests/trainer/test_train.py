@@ -39,8 +39,10 @@ def test_demo_model_learns_below_the_unigram_entropy(tmp_path):
     records = read_metrics(tmp_path / "out")
     train = [r for r in records if r["event"] == "train"]
     assert [r["step"] for r in train] == [10, 20, 30, 40, 50, 60]
-    assert all(r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 and r["peak"] == "CPU measured bf16 matmul peak"
-               for r in train)
+    precision = next(r for r in records if r["event"] == "precision")
+    assert precision["requested"] == "auto" and precision["dtype"] in ("bf16", "fp32")
+    assert all(r["tokens_per_s"] > 0 and 0 < r["mfu"] <= 1
+               and r["peak"] == f"CPU {precision['dtype']} matmul peak, measured" for r in train)
     assert [r["event"] for r in records].count("eval") == 1
     assert list((tmp_path / "out" / "tensorboard").glob("events.out.tfevents.*"))
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["steps"] == 60
