@@ -54,8 +54,12 @@ class GradientProbe:
     def __init__(self, model: nn.Module, faults: Faults | None = None):
         self.layers = layer_names(model)
         index = {layer: i for i, layer in enumerate(self.layers)}
-        device = next(model.parameters()).device
-        self.sq = torch.zeros(len(self.layers), dtype=torch.float32, device=device)
+        self.device = next(model.parameters()).device
+        # One gradient norm per hook call, summed by layer when asked: a hook does a single norm (no
+        # accumulation ops on the backward's critical path, no sync until the step's one gather).
+        self._norms: list[torch.Tensor] = []
+        self._layer_of: list[int] = []
+        self.recording = True
         self.step = 0
         self.faults = faults
         first = True
@@ -66,25 +70,39 @@ class GradientProbe:
                 # The test's corruption goes in first, so this rank's figures and the all-reduce both see it.
                 p.register_hook(lambda g: self.faults.corrupt_gradient(self.step, g))
             first = False
-            p.register_hook(self._accumulate(index[layer_of(name)]))
+            p.register_hook(self._record(index[layer_of(name)]))
 
-    def _accumulate(self, i: int):
+    def _record(self, i: int):
         def hook(grad: torch.Tensor):
-            norm = torch.linalg.vector_norm(grad, dtype=torch.float32)
-            self.sq[i] += norm * norm
+            if self.recording:
+                self._norms.append(torch.linalg.vector_norm(grad, dtype=torch.float32))
+                self._layer_of.append(i)
             return None
         return hook
 
-    def start(self, step: int) -> None:
+    def start(self, step: int, *, record: bool = True) -> None:
+        """A new step; `record=False` when no one reads this step's figures (one rank, not a health step):
+        the hooks then cost nothing."""
         self.step = step
-        self.sq.zero_()
+        self.recording = record
+        self._norms, self._layer_of = [], []
+
+    def _squares(self) -> torch.Tensor:
+        """Per layer, the summed squared norms of every gradient seen this step (every micro-batch's)."""
+        sq = torch.zeros(len(self.layers), dtype=torch.float32, device=self.device)
+        if self._norms:
+            index = torch.tensor(self._layer_of, device=self.device)
+            sq.index_add_(0, index, torch.stack(self._norms).square())
+        return sq
 
     def local_norm(self) -> torch.Tensor:
         """This rank's gradient norm of the step so far (a 0-d tensor on the device: no sync)."""
-        return self.sq.sum().sqrt()
+        if not self._norms:
+            return torch.zeros((), dtype=torch.float32, device=self.device)
+        return torch.stack(self._norms).square().sum().sqrt()
 
     def per_layer(self) -> dict[str, float]:
-        return dict(zip(self.layers, self.sq.sqrt().tolist()))
+        return dict(zip(self.layers, self._squares().sqrt().tolist()))
 
 
 class LayerHealth:

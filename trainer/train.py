@@ -95,6 +95,7 @@ class TrainState:
 class Trainer:
     def __init__(self, cfg: RunConfig, *, dist: Dist | None = None, train_source: BatchSource | None = None,
                  val_sources: dict[str, BatchSource] | None = None):
+        begun = time.perf_counter()
         self.cfg = cfg
         self.dist = dist or init_distributed(timeout_s=cfg.watchdog.collective_timeout_s)
         self.faults = Faults.from_env(self.dist.rank)
@@ -154,17 +155,36 @@ class Trainer:
                 self.metrics.log_event({"event": "initialized", "from": cfg.init_from, "step": source["step"]})
             # The engine must know before it is built whether it loads shards of another world size.
             universal = self.checkpointer.needs_universal(point, cfg)
+            engine_begun = time.perf_counter()
             self._build_engine(load_universal=universal)
+            engine_s = time.perf_counter() - engine_begun
             if point is not None:
                 self.checkpointer.restore(self, point, universal=universal)
                 self.metrics.log_event({"event": "resumed", "step": point.step, "source": point.source,
                                         "path": str(point.path), "world_size": point.manifest["world_size"],
                                         "universal": universal})
+            self.metrics.log_event(self._startup(begun, engine_s))
         except BaseException:
             self.watchdog.close()
             self.checkpointer.close(wait=False)
             self.metrics.close()
             raise
+
+    @staticmethod
+    def _startup(begun: float, engine_s: float) -> dict:
+        """What starting this trainer cost (the demo starts one a dozen times): imports when this process is
+        `python -m trainer`, then set-up (process group, data, model, checks) and the DeepSpeed engine."""
+        import sys
+
+        import trainer
+
+        now = time.perf_counter()
+        record = {"event": "startup", "setup_s": round(now - begun - engine_s, 3), "engine_s": round(engine_s, 3)}
+        main = getattr(sys.modules.get("__main__"), "__spec__", None)
+        if main is not None and main.name == "trainer.__main__":
+            record["imports_s"] = round(begun - trainer.IMPORTED_AT, 3)
+            record["total_s"] = round(now - trainer.IMPORTED_AT, 3)
+        return record
 
     def _new_model(self) -> None:
         torch.manual_seed(self.cfg.seed)  # identical initial weights on every rank
@@ -249,8 +269,10 @@ class Trainer:
         started = time.perf_counter()
         self.faults.in_step(st.step)
         self.faults.blow_up(st.step, self.model.transformer.blocks)
-        self.probe.start(st.step)
-        health_weights = self.health.start() if self.health.due(st.step) else None
+        health_due = self.health.due(st.step)
+        # This rank's gradient norms feed the SDC check (several ranks) and the health figures (their steps).
+        self.probe.start(st.step, record=health_due or (cfg.sdc.enabled and d.world_size > 1))
+        health_weights = self.health.start() if health_due else None
         busy = 0.0
         for m in range(accum):
             last = m == accum - 1

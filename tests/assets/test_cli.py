@@ -40,9 +40,23 @@ def set_math_min_chars(raw, value):
             source.setdefault("reader", {})["min_text_chars"] = value
 
 
+def shorter_training(raw):
+    """The demo's every stage, with a quarter of its training tokens and fewer evaluation items: this test is
+    about what turns stale and what reruns, not about how well the models learn (`make demo` runs it whole)."""
+    training = raw["training"]
+    training["main"]["train_tokens"] //= 4
+    training["main"]["batch"]["ramp_tokens"] //= 4
+    training["main"]["schedule"]["warmup_tokens"] //= 4
+    for stage in training["long_context"]:
+        stage["train_tokens"] //= 4
+    training["anneal"]["train_tokens"] //= 4
+    raw["mixing"]["proxy"]["train_tokens"] //= 4
+    raw["evaluation"]["limit"] = 10
+
+
 def test_one_changed_source_is_exactly_what_is_stale_and_rematerialized(tmp_path, monkeypatch, capsys):
     recipe = tmp_path / "recipe.yaml"
-    write_demo_copy(recipe)
+    write_demo_copy(recipe, shorter_training)
     monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
 
     before = status_rows(capsys)
@@ -54,7 +68,7 @@ def test_one_changed_source_is_exactly_what_is_stale_and_rematerialized(tmp_path
     assert all(state == "fresh" for state, _ in fresh.values()), fresh
 
     # A reader setting of one source changes: that source's raw asset alone turns stale.
-    write_demo_copy(recipe, lambda raw: set_math_min_chars(raw, 20))
+    write_demo_copy(recipe, lambda raw: (shorter_training(raw), set_math_min_chars(raw, 20)))
     changed = status_rows(capsys)
     stale = {key: cause for key, (state, cause) in changed.items() if state != "fresh"}
     assert list(stale) == ["curation/math/raw_crawl"]
