@@ -1,9 +1,13 @@
 """Benchmark: how long the training loop stalls per checkpoint with the background commit and upload,
 against a synchronous save-and-upload of the same state in the same run.
 
-    .venv/bin/python bench/checkpoint.py [--reps 3] [--d-model 384] [--layers 4]
+    .venv/bin/python bench/checkpoint.py [--reps 3] [--d-model 384] [--layers 4] [--smoke]
 
-The trainer itself: trainer.train.Trainer (DeepSpeed ZeRO-1, bf16 with fp32 master weights, AdamW) on
+`--smoke` runs the same paths with a tiny model (d=96, 1 layer) and one rep: it checks that the bench works,
+its figures mean nothing.
+
+The trainer itself: trainer.train.Trainer (DeepSpeed ZeRO-1, bf16 where the CPU computes it natively (else
+fp32, trainer.precision) with fp32 master weights, AdamW) on
 tinyshakespeare with the 8,192 most frequent GPT-2 tokens, and its Checkpointer writing to a moto_server
 subprocess on loopback (S3 API through boto3, multipart, sha256 metadata). Per checkpoint, interleaved so
 load from other processes hits both alike, median of --reps:
@@ -58,7 +62,11 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--d-model", type=int, default=384)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny model (d=96, 1 layer), one rep: the bench runs, no figure means anything")
     args = parser.parse_args()
+    if args.smoke:
+        args.reps, args.d_model, args.layers = 1, 96, 1
 
     work = Path(tempfile.mkdtemp(prefix="bench-checkpoint-"))
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench-secret", AWS_DEFAULT_REGION="us-east-1",
@@ -77,12 +85,14 @@ def main() -> None:
             "train_tokens": 10**9, "output_dir": str(work / "out"),
             "model": {"vocab_size": 8192, "d_model": args.d_model, "n_layers": args.layers, "n_heads": 6},
             "batch": {"global_batch": 4, "micro_batch": 4, "seq_len": 128},
-            "deepspeed": {"zero_stage": 1, "bf16": True},
+            # auto: bf16 only where it is native; on an AVX2-only CPU bf16 steps run ~50x slower (STACK.md).
+            "deepspeed": {"zero_stage": 1, "bf16": "auto"},
             "metrics": {"log_interval": 10**6, "tensorboard": False, "eval_batches": 0},
             "checkpoint": {"remote": "s3://bench/ckpt", "keep_last": 2, "resume": False}})
         trainer = Trainer(cfg)
         ckpt = trainer.checkpointer
-        print(f"trainer: {trainer.n_params / 1e6:.1f} M parameters, ZeRO-1 bf16; moto_server at {server.endpoint}")
+        print(f"trainer: {trainer.n_params / 1e6:.1f} M parameters, ZeRO-1 {trainer.precision.dtype} "
+              f"({trainer.precision.reason}); moto_server at {server.endpoint}")
 
         def step_time() -> float:
             t = time.perf_counter()

@@ -1,6 +1,6 @@
 """Near-dedup quality and speed: our staged MinHash LSH (pipelines/dedup.py) against datasketch's MinHashLSH.
 
-    .venv/bin/python bench/dedup.py [--pairs-per-level 150] [--seed 0]
+    .venv/bin/python bench/dedup.py [--pairs-per-level 150] [--seed 0] [--smoke]
 
 Pairs at known Jaccard similarity are built from real text in ../shared/data (DCLM and C4/Dolma web documents,
 WikiText-2 validation and NLTK webtext, cut into distinct 250-word passages): each passage is paired with a
@@ -12,6 +12,7 @@ shingle sets hits a target level. Every passage and copy goes through both syste
     passage inserted, each copy queried; a pair is found when the query returns its passage.
 Printed: recall over pairs at J >= 0.8, false-positive rate over pairs at J 0.3-0.5, documents/s, and last
 `ratio: X.XX` = our documents/s / datasketch's documents/s (targets: recall >= 0.98, FP <= 0.3%, ratio >= 1).
+`--smoke` runs the same paths on 5 pairs per level: it checks that the bench works, its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -158,7 +159,11 @@ def main() -> None:
     parser.add_argument("--pairs-per-level", type=int, default=150)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--verify-threshold", type=float, default=DedupConfig().verify_threshold)
+    parser.add_argument("--smoke", action="store_true",
+                        help="5 pairs per level: the bench runs, no figure means anything")
     args = parser.parse_args()
+    if args.smoke:
+        args.pairs_per_level = 5
 
     pairs = build_pairs(args.pairs_per_level, args.seed)
     high = [i for i, p in enumerate(pairs) if p[2] >= 0.8]

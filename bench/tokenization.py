@@ -1,6 +1,6 @@
 """Benchmark: the packed asset's tokenization path against `tokenizers`' encode_batch, and the loader against the model.
 
-    .venv/bin/python bench/tokenization.py [--repeat 3] [--megabytes 8]
+    .venv/bin/python bench/tokenization.py [--repeat 3] [--megabytes 8] [--smoke]
 
 Text: real documents from ../shared/data (GSM8K problems, TheAlgorithms' Python files, C4/Dolma web documents,
 Shakespeare and Milton), about `--megabytes` MB, tokenized with a demo-size byte-level BPE (8,192 tokens)
@@ -12,11 +12,14 @@ trained in the run.
    (ours encodes with encode_batch_fast, which skips the character offsets the packer never needs; its bare
    speed is printed as a reference, to show what the packing itself costs)
 2. Loader: trainer.data.MixtureDataset batches (seq 256, 3 sources) per second, against what the demo model
-   (Llama-style d=256, 4 layers, seq 256, bf16 autocast, forward + backward + AdamW step, plain PyTorch)
-   consumes per second on this CPU.
+   (Llama-style d=256, 4 layers, seq 256, forward + backward + AdamW step, plain PyTorch) consumes per second
+   on this CPU: under bf16 autocast where the CPU computes bf16 natively, else in fp32 (trainer.precision; an
+   AVX2-only CPU emulates bf16 ~50x slower, which would measure the emulation, not the model).
 
 Prints the figures, then `loader ratio: X.XX` (target >= 20), then the last line `ratio: X.XX` =
 our tokens/s / encode_batch tokens/s (target >= 0.95).
+`--smoke` runs the same paths on 0.3 MB of text, once, with a few model steps and loader batches: it checks that
+the bench works, its figures mean nothing.
 """
 
 import argparse
@@ -32,10 +35,13 @@ DATA = REPO.parent / "shared" / "data"
 sys.path.insert(0, str(REPO))
 
 
+import torch  # noqa: E402
+
 from pipelines.ingest import iter_documents  # noqa: E402
 from pipelines.tokenize import PackingConfig, TokenizerConfig, pack_documents, sample_texts, train_tokenizer  # noqa: E402
 from resources.store import commit_folder, open_store  # noqa: E402
 from trainer.data import DataConfig, MixtureDataset  # noqa: E402
+from trainer.precision import resolve_precision  # noqa: E402
 
 BATCH_DOCUMENTS = 1024
 SEQ_LEN = 256
@@ -86,8 +92,9 @@ def time_pack(tokenizer, docs: list[dict], out_dir: Path) -> tuple[int, float]:
     return sum(s.tokens - s.documents for s in stats.splits.values()), seconds
 
 
-def model_sequences_per_second(vocab: int, steps: int = 6, batch: int = 8) -> float:
-    """Forward + backward + AdamW of a plain Llama-style model (d=256, 4 layers) at seq 256 under bf16 autocast."""
+def model_sequences_per_second(vocab: int, bf16: bool, steps: int = 6, batch: int = 8) -> float:
+    """Forward + backward + AdamW of a plain Llama-style model (d=256, 4 layers) at seq 256, under bf16 autocast
+    if `bf16`, else in fp32."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -128,7 +135,7 @@ def model_sequences_per_second(vocab: int, steps: int = 6, batch: int = 8) -> fl
     tokens = torch.randint(0, vocab, (batch, SEQ_LEN + 1))
 
     def step():
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.float().view(-1, vocab), tokens[:, 1:].reshape(-1))
         loss.backward()
@@ -154,13 +161,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--megabytes", type=float, default=8.0)
+    parser.add_argument("--smoke", action="store_true",
+                        help="0.3 MB of text, one run, a few model steps: the bench runs, no figure means anything")
     args = parser.parse_args()
+    sample_bytes, model_steps, model_batch, loader_batches = 3_000_000, 6, 8, 200
+    if args.smoke:
+        args.repeat, args.megabytes = 1, 0.3
+        sample_bytes, model_steps, model_batch, loader_batches = 300_000, 2, 2, 10
 
     sources = real_documents(args.megabytes)
     docs = [doc for name in sorted(sources) for doc in sources[name]]
     texts = [doc["text"] for doc in docs]
     megabytes = sum(len(t.encode()) for t in texts) / 1e6
-    config = TokenizerConfig(vocab_size=8192, sample_bytes=3_000_000)
+    config = TokenizerConfig(vocab_size=8192, sample_bytes=sample_bytes)
     tokenizer = train_tokenizer(sample_texts(sources, config), config)
     print(f"text: {len(docs)} documents, {megabytes:.1f} MB; tokenizer: byte-level BPE, {tokenizer.get_vocab_size()} tokens")
 
@@ -187,10 +200,14 @@ def main() -> None:
             commit_folder(store, name, tmp / "packed" / name, {"packing": stats.manifest_section()})
             shards[name] = str(tmp / "store" / name)
         data = MixtureDataset(DataConfig(shards=shards, weights={"math": 0.2, "code": 0.3, "prose": 0.5}, seq_len=SEQ_LEN))
-        loader = loader_sequences_per_second(data)
-        model = model_sequences_per_second(tokenizer.get_vocab_size())
+        loader = loader_sequences_per_second(data, batches=loader_batches)
+        precision = resolve_precision("auto", torch.device("cpu"))
+        model = model_sequences_per_second(tokenizer.get_vocab_size(), precision.bf16, steps=model_steps,
+                                           batch=model_batch)
+        compute = "bf16 autocast" if precision.bf16 else "fp32"
         print(f"loader: {loader:,.0f} sequences/s of {SEQ_LEN} tokens ({loader * SEQ_LEN / 1e6:.2f} M tokens/s)")
-        print(f"demo model (d=256, 4 layers, bf16 autocast, fwd+bwd+AdamW): {model:,.1f} sequences/s ({model * SEQ_LEN:,.0f} tokens/s)")
+        print(f"demo model (d=256, 4 layers, {compute}, fwd+bwd+AdamW): {model:,.1f} sequences/s "
+              f"({model * SEQ_LEN:,.0f} tokens/s); precision {precision.reason}")
         print(f"loader ratio: {loader / model:.2f}")
     print(f"ratio: {ours_best / base_best:.2f}")
 

@@ -1,0 +1,56 @@
+"""Every bench script still runs: each one at its `--smoke` size, to its last line `ratio: X.XX`.
+
+No figure is asserted (a smoke run's figures mean nothing, and a shared 2-core machine makes any timing swing):
+the point is that `make bench` cannot break unseen. A new script in bench/ is covered by the glob, and must
+take `--smoke`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+SCRIPTS = sorted((REPO / "bench").glob("*.py"))
+RATIO_LINE = re.compile(r"^ratio: -?\d+\.\d\d$")
+# A smoke run takes under 30 s even on an AVX2-only CPU; the margin is for a machine busy with other tests.
+TIMEOUT_S = 240
+
+
+def bench_params():
+    for script in SCRIPTS:
+        marks = [pytest.mark.slow]  # 2-25 s each on 2 free cores
+        if script.name.startswith("gpu_"):
+            # gpu_*.py measure a CUDA device: they run only where one is (tests/conftest.py skips `gpu` elsewhere).
+            marks.append(pytest.mark.gpu)
+        yield pytest.param(script, id=script.stem, marks=marks)
+
+
+@pytest.mark.parametrize("script", list(bench_params()))
+def test_bench_smoke(script, pretrain_home):
+    env = {
+        **os.environ,
+        "PRETRAIN_HOME": str(pretrain_home),
+        "DAGSTER_HOME": str(pretrain_home / "dagster"),
+        "DS_ACCELERATOR": "cuda" if script.name.startswith("gpu_") else "cpu",
+        "HF_HUB_OFFLINE": "1",
+        # DeepSpeed compiles a C++ op on its first run (~40 s); the shared cache makes later runs reuse it.
+        "TORCH_EXTENSIONS_DIR": str(REPO / ".pretrain" / "torch_extensions"),
+    }
+    try:
+        done = subprocess.run([sys.executable, str(script.relative_to(REPO)), "--smoke"], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{script.name} --smoke ran past {TIMEOUT_S} s; stdout ends:\n"
+                    f"{(exc.stdout or b'').decode(errors='replace')[-2000:]}")
+    assert done.returncode == 0, (f"{script.name} --smoke exited {done.returncode}; stderr ends:\n"
+                                  f"{done.stderr[-4000:]}\nstdout ends:\n{done.stdout[-2000:]}")
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    assert lines and RATIO_LINE.match(lines[-1]), (
+        f"{script.name} --smoke: the last line of stdout should be `ratio: X.XX`, got "
+        f"{lines[-1] if lines else 'no output'!r}; stdout ends:\n{done.stdout[-2000:]}")
