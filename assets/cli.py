@@ -1,6 +1,6 @@
 """`pretrain`: materialize, inspect and read the factory's assets from a terminal.
 
-    pretrain materialize [--recipe R] [--select SEL] [--stale]
+    pretrain materialize [--recipe R] [--select SEL] [--stale] [--jobs N]
     pretrain status      [--recipe R]
     pretrain where ASSET [--recipe R] [--source S]
     pretrain docs ASSET  [--recipe R] [--source S] [--limit N]
@@ -59,6 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     cmd = add("materialize", _materialize, "materialize assets into the store and the Dagster instance")
     cmd.add_argument("--select", help="comma-separated asset keys or patterns, '+' prefix to add their upstream (default: all)")
     cmd.add_argument("--stale", action="store_true", help="only what is stale or missing, looping until nothing is")
+    cmd.add_argument("--jobs", "-j", type=int, metavar="N",
+                     help="independent steps run N at a time (default: $PRETRAIN_JOBS, else the number of CPUs)")
 
     add("status", _status, "each asset: fresh, stale or missing, with the cause")
 
@@ -99,6 +101,7 @@ class Factory:
 
     def __init__(self, recipe_arg: str | None):
         self.recipe = load_recipe(recipe_arg)  # validated before Dagster is even imported
+        self.recipe_arg = str(self.recipe.path)  # the worker processes of a parallel materialize load this one
         ensure_dagster_home()
         from dagster import DagsterInstance
 
@@ -164,43 +167,13 @@ class Factory:
             chosen.update(matches)
         return [k for k in self.keys if k in chosen]
 
-    def materialize(self, keys: list) -> bool:
-        """Run `keys` in dependency order: unpartitioned assets together in one run, a partitioned asset
-        (the mix sweep) one run per partition once everything it needs from the selection is done."""
-        graph = self.defs.resolve_asset_graph()
-        job = self.defs.resolve_implicit_global_asset_job_def()
-        remaining = set(keys)
-        while remaining:
-            partitioned = {k for k in remaining if graph.get(k).is_partitioned}
-            blocked = set().union(*(self._descendants(graph, k) for k in partitioned)) if partitioned else set()
-            plain = [k for k in self.keys if k in remaining - partitioned - blocked]
-            if plain:
-                result = job.execute_in_process(instance=self.instance, asset_selection=plain, raise_on_error=False)
-                if not result.success:
-                    return False
-                remaining -= set(plain)
-                continue
-            key = next(k for k in self.keys if k in partitioned
-                       and not (self._ancestors(graph, k) & remaining))
-            partition_keys = graph.get(key).partitions_def.get_partition_keys(dynamic_partitions_store=self.instance)
-            if not partition_keys:
-                print(f"pretrain: {key.to_user_string()} has no partitions yet (materialize what registers them)",
-                      file=sys.stderr)
-                return False
-            for partition in partition_keys:
-                print(f"materializing {key.to_user_string()} partition {partition}", file=sys.stderr)
-                result = job.execute_in_process(instance=self.instance, asset_selection=[key], partition_key=partition,
-                                                raise_on_error=False)
-                if not result.success:
-                    return False
-            remaining.discard(key)
-        return True
+    def materialize(self, keys: list, jobs: int | None = None) -> bool:
+        """Run `keys` in dependency order, each asset (each partition of the mix sweep) a Dagster run of its own
+        once everything it needs from the selection is done, up to `jobs` at once (assets/parallel.py)."""
+        from assets.parallel import default_jobs, materialize_parallel
 
-    @staticmethod
-    def _descendants(graph, key) -> set:
-        from dagster import AssetSelection
-
-        return set(AssetSelection.assets(key).downstream().resolve(graph)) - {key}
+        return materialize_parallel(self.defs, self.instance, keys, jobs=jobs or default_jobs(),
+                                    recipe_arg=self.recipe_arg)
 
     @staticmethod
     def _ancestors(graph, key) -> set:
@@ -241,11 +214,19 @@ def _describe_cause(cause) -> str:
 
 
 def _materialize(args) -> int:
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs {args.jobs}: expected 1 or more steps at a time")
+    try:
+        from assets.parallel import default_jobs
+
+        jobs = args.jobs or default_jobs()
+    except ValueError as exc:  # a bad PRETRAIN_JOBS
+        raise UsageError(str(exc)) from None
     factory = Factory(args.recipe)
     if not args.stale:
         keys = factory.select(args.select)
         print(f"materializing {len(keys)} asset(s) of recipe {factory.recipe.name!r}", file=sys.stderr)
-        return 0 if factory.materialize(keys) else 1
+        return 0 if factory.materialize(keys, jobs) else 1
 
     # Dagster shows staleness one step at a time (a child turns stale only after its parent is
     # re-materialized), so loop until nothing in the selection is stale or missing.
@@ -264,7 +245,7 @@ def _materialize(args) -> int:
             print(f"pretrain: still stale after materializing: {', '.join(k.to_user_string() for k in todo)}", file=sys.stderr)
             return 1
         print(f"materializing {len(todo)} stale or missing asset(s): {', '.join(k.to_user_string() for k in todo)}", file=sys.stderr)
-        if not factory.materialize(todo):
+        if not factory.materialize(todo, jobs):
             return 1
         done += todo
     if not done:

@@ -118,7 +118,8 @@ def test_a_surviving_benchmark_ngram_fails_the_blocking_check_and_nothing_is_pac
     recipe = tmp_path / "recipe.yaml"
     write_recipe(recipe, source_file)
     monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
-    select = ["materialize", "--select", f"+tokenization/{SOURCE}/packed"]
+    # --jobs 1: every run in this process, where the engine is patched below (a worker process would not see it).
+    select = ["materialize", "--select", f"+tokenization/{SOURCE}/packed", "--jobs", "1"]
 
     # No recipe setting lets a matching document through, so the engine is broken on purpose: an empty index.
     real = assets.decontaminated.decontaminate
