@@ -149,11 +149,16 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, previous: str | None
             if context.retry_number:
                 context.log.info(f"retry {context.retry_number}: the trainer resumes from its latest checkpoint")
             result = launcher.launch(context, run, work, settings=launch.overrides())
-            saved = result.events("checkpoint_saved")
+            saved = [r["step"] for r in result.events("checkpoint_saved")]
+            if not saved:
+                # Killed after its final checkpoint was committed but before this asset was: the retry resumed at
+                # the end, trained nothing and saved nothing; the step it resumed from is the final one.
+                done = json.loads((work / "out" / SUMMARY_FILE).read_text())["tokens"] >= run["train_tokens"]
+                saved = [r["step"] for r in result.events("resumed")] if done else []
             if not saved:
                 raise Failure(description=f"training/{name} finished without a final checkpoint "
                                           "(checkpoint.save_final must stay on for a training stage)")
-            final = saved[-1]["step"]
+            final = saved[-1]
             checkpoint_prefix = f"checkpoints/{name}/{vkey}/step-{final:08d}"
             out = work / "result"
             out.mkdir(parents=True, exist_ok=True)

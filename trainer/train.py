@@ -131,14 +131,14 @@ class Trainer:
         self._pending: dict = {}
         self.history: list[dict] = []  # per step: step, loss, grad_norm, lr, batch, applied, samples
         point = self.checkpointer.find_resume() if cfg.checkpoint.resume else None
-        # bf16 or fp32, by the hardware unless forced; a resumed run keeps what it started with. From here on
-        # cfg says which (true / false), so the engine, the checkpoints and the evaluation all see one answer.
-        self.precision = resolve_precision(cfg.deepspeed.bf16, self.dist.device,
-                                           resumed=saved_precision(point.manifest) if point is not None else None)
-        self.cfg = cfg = replace(cfg, deepspeed=replace(cfg.deepspeed, bf16=self.precision.bf16))
-        self.metrics.set_peak(device_peak(self.dist.device, self.precision.dtype, cfg.metrics.peak_flops))
-        self.metrics.log_event({"event": "precision", **self.precision.record()})
         try:
+            # bf16 or fp32, by the hardware unless forced; a resumed run keeps what it started with. From here on
+            # cfg says which (true / false), so the engine, the checkpoints and the evaluation all see one answer.
+            self.precision = resolve_precision(cfg.deepspeed.bf16, self.dist.device,
+                                               resumed=saved_precision(point.manifest) if point is not None else None)
+            self.cfg = cfg = replace(cfg, deepspeed=replace(cfg.deepspeed, bf16=self.precision.bf16))
+            self.metrics.set_peak(device_peak(self.dist.device, self.precision.dtype, cfg.metrics.peak_flops))
+            self.metrics.log_event({"event": "precision", **self.precision.record()})
             if point is not None:
                 self.checkpointer.check_batch(point, cfg)
             if point is None and cfg.init_from:
