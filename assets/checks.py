@@ -28,7 +28,7 @@ from dagster import AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, AssetK
 from pipelines.decontam import BenchmarkIndex
 from pipelines.dedup import WordHasher, ngram_hashes, normalized_words
 from pipelines.filters import FilterConfig, find_pii
-from resources.store import ObjectStore
+from storage.objects import ObjectStore
 
 DOCUMENTS_CHECK = "documents_valid"
 BENCHMARK_CHECK = "no_benchmark_ngrams"

@@ -293,7 +293,8 @@ def _lineage(args) -> int:
     import os
     from pathlib import Path
 
-    from resources.store import StoreError, open_store, read_manifest
+    from storage.manifest import read_manifest
+    from storage.objects import StoreError, open_store
 
     uri = args.checkpoint.rstrip("/")
     try:
@@ -337,7 +338,7 @@ def _export(args) -> int:
     import tempfile
     from pathlib import Path
 
-    from resources.store import StoreError
+    from storage.objects import StoreError
     from trainer.checkpoint_store import CorruptCheckpoint
 
     with tempfile.TemporaryDirectory(prefix="pretrain-export-") as tmp:
@@ -361,7 +362,7 @@ def _export(args) -> int:
 
 def _lineage_tokenizer(manifest: dict, tmp):
     from assets.home import store_url
-    from resources.store import open_store
+    from storage.objects import open_store
 
     entry = next((e for e in manifest.get("lineage") or [] if e.get("asset") == "tokenization/tokenizer"), None)
     if entry is None:

@@ -15,7 +15,7 @@ from assets.upstream import committed_result
 from assets.versioning import code_version, file_fingerprints, manifest_header, version_key
 from pipelines.ingest import BadInputError, ingest_source
 from resources.scratch import ScratchResource
-from resources.store import commit_folder, read_manifest
+from storage.manifest import commit_folder, read_manifest
 from resources.store_resource import StoreResource
 
 # Bump when the ingest code changes what it writes for the same settings.

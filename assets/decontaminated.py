@@ -23,7 +23,7 @@ from assets.versioning import code_version, file_fingerprints, manifest_header, 
 from pipelines.decontam import BenchmarkIndex, DecontamConfig, decontaminate
 from pipelines.ingest import expand_inputs
 from resources.scratch import ScratchResource
-from resources.store import commit_folder, data_version_of, read_manifest
+from storage.manifest import commit_folder, data_version_of, read_manifest
 from resources.store_resource import StoreResource
 
 # Bump when the decontamination code changes what it writes for the same settings.

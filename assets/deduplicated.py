@@ -21,7 +21,7 @@ from assets.upstream import Output, OutputNotFound, committed_result, latest_out
 from assets.versioning import code_version, manifest_header, version_key
 from pipelines.dedup import deduplicate
 from resources.scratch import ScratchResource
-from resources.store import commit_folder, read_manifest
+from storage.manifest import commit_folder, read_manifest
 from resources.store_resource import StoreResource
 
 # Bump when the dedup code changes what it writes for the same settings.

@@ -39,7 +39,7 @@ from pipelines.ingest import iter_documents
 from pipelines.quality_model import QualityClassifierConfig, read_labelled, train_quality_classifier
 from resources.executor import ExecutorResource
 from resources.scratch import ScratchResource
-from resources.store import commit_folder, read_manifest
+from storage.manifest import commit_folder, read_manifest
 from resources.store_resource import StoreResource
 
 # Bump when the filter or classifier code changes what it writes for the same settings.

@@ -18,7 +18,8 @@ from collections import deque
 from dagster import AssetKey, DagsterInstance
 
 from assets.upstream import Output
-from resources.store import ObjectStore, read_manifest
+from storage.manifest import read_manifest
+from storage.objects import ObjectStore
 
 DATA_VERSION_TAG = "dagster/data_version"
 SEARCH_LIMIT = 1000  # materializations of one asset searched for a data version

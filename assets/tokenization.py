@@ -34,7 +34,7 @@ from pipelines.tokenize import (
     train_tokenizer,
 )
 from resources.scratch import ScratchResource
-from resources.store import commit_folder, read_manifest
+from storage.manifest import commit_folder, read_manifest
 from resources.store_resource import StoreResource
 
 # Bump when the code changes what it writes for the same settings.

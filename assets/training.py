@@ -43,7 +43,7 @@ from assets.upstream import OutputNotFound, committed_result, latest_output
 from assets.versioning import code_version, manifest_header, version_key
 from resources.launcher import LauncherResource
 from resources.scratch import ScratchResource
-from resources.store import commit_folder, read_manifest
+from storage.manifest import commit_folder, read_manifest
 from resources.store_resource import StoreResource
 from trainer.config import BatchConfig
 

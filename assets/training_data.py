@@ -24,7 +24,8 @@ from assets.lineage import lineage
 from assets.tokenization import packed_key, tokenizer_key
 from assets.upstream import Output, OutputNotFound, latest_output
 from resources.scratch import ScratchResource
-from resources.store import MANIFEST, ObjectStore
+from storage.manifest import MANIFEST
+from storage.objects import ObjectStore
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from dagster import AssetKey, DagsterInstance, DataVersion, MaterializeResult, MetadataValue
 
-from resources.store import ObjectStore, read_manifest
+from storage.manifest import read_manifest
+from storage.objects import ObjectStore
 
 
 class OutputNotFound(LookupError):

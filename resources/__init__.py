@@ -1,4 +1,4 @@
-"""Resources: the object store (plain, shared with the trainer) and the Dagster resources that wrap it.
+"""Resources: the Dagster resources the assets use (object store, scratch space, executor, launcher, Slurm).
 
-Importing this package imports nothing else, so the trainer can use `resources.store` without Dagster.
+The store itself is the plain `storage` package, shared with the engines; this package is the Dagster side.
 """

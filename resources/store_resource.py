@@ -1,6 +1,6 @@
-"""The Dagster resource around `resources.store`: where assets write their immutable outputs.
+"""The Dagster resource around the `storage` package: where assets write their immutable outputs.
 
-The store itself is a plain module so the trainer can use it without Dagster; this wrapper only
+The store itself is the plain `storage` package so the engines can use it without Dagster; this wrapper only
 carries its configuration. Credentials never appear here: boto3 reads them from the environment.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dagster import ConfigurableResource
 
-from resources.store import ObjectStore, open_store
+from storage.objects import ObjectStore, open_store
 
 
 class StoreResource(ConfigurableResource):

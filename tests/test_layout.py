@@ -1,26 +1,125 @@
-"""The four packages resolve inside this repository, and the engines never import Dagster."""
+"""The layout's contracts: packages resolve here, engines never import Dagster, packages form no cycle,
+modules stay small or say why, and no file sends a reader outside the repository for its docs."""
 
+import ast
 import importlib
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO
 
+PACKAGES = ["assets", "pipelines", "resources", "storage", "trainer"]
+# The engines and the store they share run in processes that never load Dagster (trainer ranks, executor
+# workers), so importing any of their modules must not pull it in.
+DAGSTER_FREE = ["pipelines", "storage", "trainer"]
+MAX_LINES = 450
 
-@pytest.mark.parametrize("package", ["pipelines", "trainer", "assets", "resources"])
+
+def _modules(package: str) -> list[str]:
+    names = []
+    for path in sorted((REPO / package).rglob("*.py")):
+        if path.name == "__main__.py":  # importing it would run the program
+            continue
+        parts = path.relative_to(REPO).with_suffix("").parts
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def _source_files() -> list[Path]:
+    return [path for package in PACKAGES for path in sorted((REPO / package).rglob("*.py"))]
+
+
+@pytest.mark.parametrize("package", PACKAGES)
 def test_package_resolves_in_this_repository(package):
     # Generic names could be shadowed by another installed distribution.
     module = importlib.import_module(package)
     assert module.__file__ is not None
-    assert REPO in __import__("pathlib").Path(module.__file__).resolve().parents
+    assert REPO in Path(module.__file__).resolve().parents
 
 
-def test_engines_and_store_import_no_dagster():
+@pytest.mark.parametrize("package", DAGSTER_FREE)
+def test_every_engine_module_imports_without_dagster(package):
+    modules = _modules(package)
+    assert len(modules) > 1
+    # A fresh interpreter: this test process has Dagster loaded already.
     code = (
-        "import sys, pipelines.ingest, resources.store, trainer, resources\n"
-        "bad = sorted(m for m in sys.modules if m == 'dagster' or m.startswith('dagster.'))\n"
-        "assert not bad, bad\n"
+        "import importlib, json, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m == 'dagster' or m.startswith('dagster.'))))\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+    out = subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, capture_output=True, text=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def _package_imports() -> dict[str, set[str]]:
+    """{package: packages of this project it imports}, from every import statement (inside functions too)."""
+    edges: dict[str, set[str]] = {package: set() for package in PACKAGES}
+    for path in _source_files():
+        package = path.relative_to(REPO).parts[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [node.module]
+            else:
+                continue
+            for target in targets:
+                top = target.split(".")[0]
+                if top in PACKAGES and top != package:
+                    edges[package].add(top)
+    return edges
+
+
+def test_packages_import_one_another_without_a_cycle():
+    edges = _package_imports()
+    # Depth-first search for a back edge; report the cycle it closes.
+    state: dict[str, str] = {}
+
+    def visit(package, path):
+        state[package] = "open"
+        for nxt in sorted(edges[package]):
+            if state.get(nxt) == "open":
+                pytest.fail("package import cycle: " + " -> ".join(path[path.index(nxt):] + [nxt]))
+            if nxt not in state:
+                visit(nxt, path + [nxt])
+        state[package] = "done"
+
+    for package in PACKAGES:
+        if package not in state:
+            visit(package, [package])
+    # The engines and the store sit below the asset layer, never above it.
+    for lower in ["pipelines", "storage", "trainer"]:
+        assert "assets" not in edges[lower], lower
+    assert edges["storage"] == set()
+
+
+def test_long_modules_say_why_in_their_docstring():
+    long_without_reason = []
+    for path in _source_files():
+        lines = path.read_text().count("\n")
+        if lines > MAX_LINES:
+            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+            if "long because" not in doc.lower():
+                long_without_reason.append(f"{path.relative_to(REPO)} ({lines} lines)")
+    assert not long_without_reason, f"over {MAX_LINES} lines without 'Long because ...' in the docstring"
+
+
+def test_no_file_points_outside_the_repository_for_docs():
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    pointing = []
+    for name in tracked:
+        path = REPO / name
+        if name == "tests/test_layout.py" or not path.is_file():
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        if "shared/docs" in text:
+            pointing.append(name)
+    assert not pointing

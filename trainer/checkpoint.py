@@ -145,7 +145,7 @@ class Checkpointer:
         self.remote: RemoteCheckpoints | None = None
         self.store = None
         if cfg.remote:
-            from resources.store import open_store
+            from storage.objects import open_store
 
             self.store = open_store(cfg.remote)
             self.remote = RemoteCheckpoints(self.store, remote_prefix)

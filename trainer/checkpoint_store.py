@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from resources.store import ObjectNotFoundError, ObjectStore, StoreError, data_version_of
+from storage.manifest import data_version_of
+from storage.objects import ObjectNotFoundError, ObjectStore, StoreError
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
@@ -667,7 +668,7 @@ def local_copy(store: ObjectStore, key: str, cache_dir: str | Path) -> Path:
 
 def local_step(uri: str, cache_dir: str | Path) -> Path:
     """local_copy of the checkpoint step at `uri` (a path, file:// or s3://…/step-<N>)."""
-    from resources.store import open_store
+    from storage.objects import open_store
 
     parent, _, name = str(uri).rstrip("/").rpartition("/")
     if not name.startswith("step-") or not name[5:].isdigit():

@@ -20,7 +20,7 @@ from assets.cli import main
 from assets.recipe import DEMO_RECIPE
 from pipelines.decontam import BenchmarkIndex
 from pipelines.filters import CodeConfig, FilterConfig, LanguageConfig, PiiConfig
-from resources.store import LocalStore
+from storage.local import LocalStore
 
 SOURCE = "pages"
 DECONTAMINATED = f"curation/{SOURCE}/decontaminated"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from resources.store import open_store
+from storage.objects import open_store
 from tests.conftest import REPO
 from tests.trainer.conftest import read_metrics, run_dict
 from trainer.checkpoint import SAVE_DELAY_ENV, ResumeRefused, young_interval_steps

@@ -12,7 +12,9 @@ import shutil
 import threading
 
 import pytest
-from resources.store import LocalStore, S3Store, StoreError
+from storage.local import LocalStore
+from storage.objects import StoreError
+from storage.s3 import S3Store
 from trainer.checkpoint_store import (
     MANIFEST,
     CorruptCheckpoint,

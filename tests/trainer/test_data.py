@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from pipelines.tokenize import PackingConfig, TokenizerConfig, adopt_tokenizer, pack_documents
-from resources.store import commit_folder, open_store
+from storage.manifest import commit_folder
+from storage.objects import open_store
 from trainer.data import BLEND_BLOCK, DataConfig, MixtureDataset, PackedSource, blend_index, rank_indices
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"

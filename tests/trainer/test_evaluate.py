@@ -108,7 +108,8 @@ def test_a_checkpoint_is_evaluated_by_the_module_entry_point(tmp_path):
     import os
 
     from pipelines.tokenize import PackingConfig, TokenizerConfig, adopt_tokenizer, pack_documents
-    from resources.store import commit_folder, open_store
+    from storage.manifest import commit_folder
+    from storage.objects import open_store
     from trainer.config import RunConfig, from_dict
     from trainer.evaluate import main
     from trainer.train import Trainer

@@ -34,7 +34,8 @@ from dagster import DagsterInstance
 from assets.cli import main
 from assets.home import ensure_dagster_home, store_url
 from assets.recipe import DEMO_RECIPE
-from resources.store import open_store, read_manifest
+from storage.manifest import read_manifest
+from storage.objects import open_store
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"

@@ -11,17 +11,11 @@ import pickle
 import threading
 
 import pytest
-from resources.store import (
-    LocalStore,
-    ObjectInfo,
-    ObjectNotFoundError,
-    S3Store,
-    StoreError,
-    commit_folder,
-    data_version_of,
-    open_store,
-    read_manifest,
-)
+
+from storage.local import LocalStore
+from storage.manifest import commit_folder, data_version_of, read_manifest
+from storage.objects import ObjectInfo, ObjectNotFoundError, StoreError, open_store
+from storage.s3 import S3Store
 
 MiB = 2**20
 
@@ -307,17 +301,17 @@ def test_s3_permanent_errors_are_not_retried(s3, caplog):
     expected = r"S3 put_bytes of s3://no-such-bucket-here/p/k failed \(not retryable.*NoSuchBucket"
     with pytest.raises(StoreError, match=expected):
         store.put_bytes("k", b"v")
-    assert not [r for r in caplog.records if r.name == "resources.store"]
+    assert not [r for r in caplog.records if r.name == "storage.s3"]
 
 
 def test_s3_retries_ride_out_a_short_outage(s3, s3_proxy, caplog):
-    caplog.set_level(logging.WARNING, logger="resources.store")
+    caplog.set_level(logging.WARNING, logger="storage.s3")
     store = S3Store(f"s3://{s3.bucket}/p", endpoint_url=s3_proxy.url, max_attempts=6, backoff_base=0.1)
     s3_proxy.down()
     threading.Timer(0.5, s3_proxy.up).start()
     assert store.put_bytes("k", b"made it") == ObjectInfo("k", 7, sha(b"made it"))
     assert store.get_bytes("k") == b"made it"
-    retries = [r.getMessage() for r in caplog.records if r.name == "resources.store"]
+    retries = [r.getMessage() for r in caplog.records if r.name == "storage.s3"]
     assert retries and all("s3://" in m and "/p/k" in m and "/6)" in m for m in retries)
 
 
@@ -329,7 +323,7 @@ def test_s3_server_killed_mid_commit(s3, tmp_path, monkeypatch, caplog):
     the store received, since moto keeps its state in memory and a restarted server is empty; the
     proxy test below checks what stays visible on a server that lives on).
     """
-    caplog.set_level(logging.WARNING, logger="resources.store")
+    caplog.set_level(logging.WARNING, logger="storage.s3")
     store = S3Store(f"s3://{s3.bucket}/p", max_attempts=3, backoff_base=0.05, connect_timeout=1)
     local = make_folder(tmp_path / "work", {"a": b"1" * 100, "b": b"2" * 100, "c": b"3" * 100})
     calls = spy_puts(store, monkeypatch, after_put=lambda n: n == 1 and s3.stop())
@@ -341,7 +335,7 @@ def test_s3_server_killed_mid_commit(s3, tmp_path, monkeypatch, caplog):
     assert f"S3 put_file of s3://{s3.bucket}/p/out/v1/b failed after 3 attempts" in message
     assert "EndpointConnectionError" in message or "Connect" in message
     assert calls == ["out/v1/a", "out/v1/b"]  # never "out/v1/manifest.json"
-    retries = [r for r in caplog.records if r.name == "resources.store"]
+    retries = [r for r in caplog.records if r.name == "storage.s3"]
     assert [r.levelno for r in retries] == [logging.WARNING] * 2
     assert "attempt 1/3" in retries[0].getMessage() and "attempt 2/3" in retries[1].getMessage()
     assert s3.secret not in message + caplog.text + repr(info.value.__cause__)
@@ -358,7 +352,7 @@ def test_s3_network_cut_mid_commit_leaves_only_complete_objects(s3, s3_proxy, tm
     only the file uploaded before the cut is visible, it is whole, and there is no manifest, so
     readers see the output as missing. A second commit then completes it.
     """
-    caplog.set_level(logging.WARNING, logger="resources.store")
+    caplog.set_level(logging.WARNING, logger="storage.s3")
     # b is multipart (3 parts of 5 MiB): no half of it may show.
     store = S3Store(
         f"s3://{s3.bucket}/p", endpoint_url=s3_proxy.url, max_attempts=3, backoff_base=0.05,
@@ -370,7 +364,7 @@ def test_s3_network_cut_mid_commit_leaves_only_complete_objects(s3, s3_proxy, tm
 
     with pytest.raises(StoreError, match=rf"S3 put_file of s3://{s3.bucket}/p/out/v1/b failed after 3 attempts"):
         commit_folder(store, "out/v1", local, {})
-    assert len([r for r in caplog.records if r.name == "resources.store"]) == 2
+    assert len([r for r in caplog.records if r.name == "storage.s3"]) == 2
 
     s3_proxy.up()
     assert store.list() == ["out/v1/a"]
