@@ -23,15 +23,10 @@ import uuid
 from pathlib import Path
 
 import pytest
+from tests.ports import free_port
 
 # A distinctive fake secret, so tests can check that it never shows in errors, logs or reprs.
 SECRET = "fake-secret-0123456789-do-not-print"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _kill(sock: socket.socket) -> None:
@@ -46,7 +41,7 @@ class MotoServer:
     """A `moto_server` subprocess on a fixed loopback port."""
 
     def __init__(self, log_path: Path):
-        self.port = _free_port()
+        self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._log_path = log_path
         self._proc: subprocess.Popen | None = None
@@ -130,7 +125,7 @@ class TcpProxy:
 
     def __init__(self, target_port: int):
         self.target = ("127.0.0.1", target_port)
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.blocked: bytes | None = None
         self._listener: socket.socket | None = None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,7 @@ import yaml
 from assets.home import PG_URL_ENV, ensure_dagster_home
 from assets.recipe import DEMO_RECIPE
 from tests.conftest import REPO
+from tests.ports import free_port
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 # Sources of 10 real documents each: the first is ingested and filtered alone, then the other four are
@@ -32,12 +32,6 @@ SOURCES = {
     "dolma": "jsonl/dolma_cc_en_head-0091.jsonl.gz",
 }
 FIRST, CONCURRENT = "c4a", ("c4b", "c4c", "guardian", "dolma")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

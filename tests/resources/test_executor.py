@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import yaml
 from assets.cli import main
 from assets.recipe import DEMO_RECIPE
 from resources.executor import ExecutorResource
+from tests.ports import free_port
 
 BIN = Path(sys.executable).parent
 # Two small real sources (40 + 30 JSONL documents) in 20-document parts: each filter stage runs as 2 tasks.
@@ -56,12 +56,6 @@ def committed(home: Path) -> dict[str, dict]:
         manifest = json.loads(path.read_text())
         out[manifest["asset"]] = manifest
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

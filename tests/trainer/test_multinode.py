@@ -8,7 +8,6 @@ under one output_dir, rank 0 the metrics) is what a real cluster would give by N
 """
 
 import os
-import socket
 import subprocess
 import sys
 
@@ -16,16 +15,10 @@ import pytest
 
 from tests.conftest import REPO
 from tests.trainer.conftest import read_metrics, write_run
+from tests.ports import free_port
 
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 RUN = {"train_tokens": 5 * 8 * 64, "deepspeed": {"zero_stage": 1, "bf16": False}}
-
-
-def free_port() -> int:
-    # STACK.md: torchrun's --master_port 0 hangs; a port that was free a moment ago is the usual way.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu_env() -> dict:

@@ -20,7 +20,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ from assets.home import ensure_dagster_home, store_url
 from assets.recipe import DEMO_RECIPE
 from storage.manifest import read_manifest
 from storage.objects import open_store
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -62,12 +62,6 @@ def write_recipe(path: Path, min_text_chars: int | None = None) -> None:
     for section in ("quality_classifier", "mixing", "training"):
         raw.pop(section, None)
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for_server(proc: subprocess.Popen, url: str, log: Path, timeout: float = 180) -> None:
