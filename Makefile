@@ -1,5 +1,5 @@
 # Set-up is part of every target: a fresh machine needs only `make demo` or `make test`.
-# Install order matters (../shared/docs/STACK.md): the CPU build of torch first, then everything
+# Install order matters (docs/stack.md): the CPU build of torch first, then everything
 # else constrained to that torch, then deepspeed built against it without build isolation.
 
 PYTHON ?= python3
@@ -12,7 +12,7 @@ export HF_HUB_OFFLINE := 1
 export DS_ACCELERATOR := cpu
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.pretrain/torch_extensions
 
-.PHONY: demo test ui bench install clean system-deps
+.PHONY: demo test test-fast ui bench install clean system-deps
 
 install: $(STAMP)
 
@@ -48,8 +48,13 @@ demo: $(STAMP)
 	@echo "  $(BIN)/pretrain where curation/web/raw_crawl"
 	@echo "  $(BIN)/pretrain docs raw_crawl --source web --limit 3"
 
+# The whole suite (what CI runs): real S3, PostgreSQL, Slurm, Ray, Chromium and DeepSpeed runs, ~20 minutes.
 test: system-deps $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# The fast tier while you work: every module's unit tests, without the tests marked slow (a few minutes).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
 
 ui: $(STAMP)
 	$(BIN)/python -c "from assets.home import ensure_dagster_home; ensure_dagster_home()"
