@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.s3_server import _free_port  # one free-port helper for the tests' loopback servers
+from tests.ports import free_port
 
 SLURM_BINARIES = ("munged", "slurmctld", "slurmd", "srun", "sinfo", "scontrol")
 
@@ -72,13 +72,13 @@ def _write_conf(root: Path, host: str, nodes: list[str], munge_socket: Path) -> 
     user = getpass.getuser()
     # slurmd drains a node configured with more CPUs than the host has: the nodes share them.
     cpus = max(1, (os.cpu_count() or 1) // len(nodes))
-    node_lines = "".join(f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} CPUs={cpus} "
+    node_lines = "".join(f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 Port={free_port()} CPUs={cpus} "
                          "State=UNKNOWN\n" for node in nodes)
     conf = root / "slurm.conf"
     conf.write_text(f"""\
 ClusterName=pretraintest
 SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={_free_port()}
+SlurmctldPort={free_port()}
 SlurmUser={user}
 SlurmdUser={user}
 AuthType=auth/munge

@@ -16,7 +16,7 @@ from dagster import AssetExecutionContext, DagsterInstance, MaterializeResult, a
 from resources.launcher import LauncherResource
 from resources.slurm import SlurmConfig, node_script
 from tests.conftest import REPO
-from tests.s3_server import _free_port
+from tests.ports import free_port
 from tests.trainer.conftest import run_dict
 
 
@@ -96,7 +96,7 @@ def test_a_training_asset_on_slurm_reports_to_dagster_and_matches_torchrun(slurm
     job_name = f"pretrain-test-{uuid.uuid4().hex[:8]}"
     launcher = LauncherResource(launcher="slurm", nnodes=nnodes, nproc_per_node=nproc_per_node, env=ENV,
                                 slurm=SlurmConfig(partition=slurm.partition, time="00:10:00", cpus_per_task=1,
-                                                  job_name=job_name, rdzv_port=_free_port()))
+                                                  job_name=job_name, rdzv_port=free_port()))
     outcome, instance, result = _train(launcher, tmp_path)
     assert outcome.success
     assert result.command[0] == "srun"
@@ -151,7 +151,7 @@ def test_a_straggling_node_is_drained_and_the_job_goes_on_without_it(slurm, tmp_
     launcher = LauncherResource(launcher="slurm", nnodes=2, nproc_per_node=1,
                                 env={**ENV, "PRETRAIN_TEST_FAULT": "slow:rank=1,seconds=0.4"},
                                 slurm=SlurmConfig(partition=slurm.partition, time="00:10:00", cpus_per_task=1,
-                                                  job_name=job_name, rdzv_port=_free_port()))
+                                                  job_name=job_name, rdzv_port=free_port()))
     config = run_dict(tmp_path / "out", train_tokens=10 * 8 * 64, deepspeed={"zero_stage": 1},
                       metrics={"log_interval": 1, "eval_batches": 0, "tensorboard": False},
                       straggler={"drain": True, "window": 4, "steps": 3, "min_excess_s": 0.05})
