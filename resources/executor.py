@@ -15,7 +15,8 @@ One method for every kind, so moving a stage to a cluster changes no asset code:
 
 Every kind leaves the same files for the same steps and task count (tests/resources/test_executor.py compares
 manifests on local and Ray), and every kind returns the run's merged stats.json.
-`ExecutorResource.from_env()` is the environment mapping that definitions.py uses (PRETRAIN_EXECUTOR, ...).
+`ExecutorResource.from_env()` is the environment mapping that definitions.py uses (PRETRAIN_EXECUTOR, ...):
+pydantic validates the variables (ExecutorEnvironment), as it does the recipe and the trainer's run.json.
 """
 
 from __future__ import annotations
@@ -27,17 +28,57 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Literal, Mapping
+from typing import Literal, Mapping, get_args
 
 from dagster import ConfigurableResource
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-KINDS = ("local", "ray", "slurm")
+Kind = Literal["local", "ray", "slurm"]
+KINDS = get_args(Kind)
+
+
+class ExecutorEnvironment(BaseModel):
+    """The variables ExecutorResource.from_env reads; one unset or empty leaves the resource's default."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    kind: Kind = Field("local", alias="PRETRAIN_EXECUTOR")
+    workers: int | None = Field(None, alias="PRETRAIN_EXECUTOR_WORKERS")  # None: 1 for local, else -1 (no limit)
+    cpus_per_task: int | None = Field(None, alias="PRETRAIN_EXECUTOR_CPUS_PER_TASK")
+    mem_per_cpu_gb: float | None = Field(None, alias="PRETRAIN_EXECUTOR_MEM_PER_CPU_GB")
+    ray_address: str | None = Field(None, alias="PRETRAIN_RAY_ADDRESS")
+    slurm_partition: str | None = Field(None, alias="PRETRAIN_SLURM_PARTITION")
+    slurm_time: str | None = Field(None, alias="PRETRAIN_SLURM_TIME")
+    slurm_job_name: str | None = Field(None, alias="PRETRAIN_SLURM_JOB_NAME")
+    slurm_qos: str | None = Field(None, alias="PRETRAIN_SLURM_QOS")
+    slurm_env_command: str | None = Field(None, alias="PRETRAIN_SLURM_ENV_COMMAND")
+    slurm_account: str | None = Field(None, alias="PRETRAIN_SLURM_ACCOUNT")  # an #SBATCH --account line
+
+    @classmethod
+    def read(cls, env: Mapping[str, str]) -> "ExecutorEnvironment":
+        """Validate the mapping's variables; a bad one is named: "PRETRAIN_EXECUTOR_WORKERS: 'two' is not ..."."""
+        names = {field.alias for field in cls.model_fields.values()}
+        try:
+            return cls.model_validate({name: value for name, value in env.items() if name in names and value})
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            problem = {"literal_error": f"is not one of {', '.join(KINDS)}", "int_parsing": "is not an integer",
+                       "float_parsing": "is not a number"}.get(error["type"], error["msg"])
+            raise ValueError(f"{error['loc'][0]}: {error['input']!r} {problem}") from None
+
+    def resource_fields(self) -> dict:
+        """The ExecutorResource fields the environment sets."""
+        fields = self.model_dump(exclude_none=True, exclude={"slurm_account"})
+        fields.setdefault("workers", 1 if self.kind == "local" else -1)
+        if self.slurm_account:
+            fields["slurm_sbatch_args"] = {"account": self.slurm_account}
+        return fields
 
 
 class ExecutorResource(ConfigurableResource):
     """How datatrove pipelines run: `local`, `ray` or `slurm` (see the module doc)."""
 
-    kind: Literal["local", "ray", "slurm"] = "local"
+    kind: Kind = "local"
     workers: int = 1  # tasks running at once; local: 1 = in this process; ray/slurm: -1 = no limit
     cpus_per_task: int = 1  # ray and slurm: CPUs reserved for each task
     mem_per_cpu_gb: float = 2.0  # ray and slurm: memory reserved per CPU
@@ -52,41 +93,9 @@ class ExecutorResource(ConfigurableResource):
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "ExecutorResource":
-        """The resource as the environment configures it: PRETRAIN_EXECUTOR=local|ray|slurm and its settings.
-
-        PRETRAIN_EXECUTOR_WORKERS, PRETRAIN_EXECUTOR_CPUS_PER_TASK, PRETRAIN_EXECUTOR_MEM_PER_CPU_GB,
-        PRETRAIN_RAY_ADDRESS, PRETRAIN_SLURM_PARTITION, PRETRAIN_SLURM_TIME, PRETRAIN_SLURM_JOB_NAME,
-        PRETRAIN_SLURM_QOS, PRETRAIN_SLURM_ENV_COMMAND, PRETRAIN_SLURM_ACCOUNT (an #SBATCH --account line)."""
-        env = os.environ if env is None else env
-        kind = env.get("PRETRAIN_EXECUTOR") or "local"
-        if kind not in KINDS:
-            raise ValueError(f"PRETRAIN_EXECUTOR: {kind!r} is not one of {', '.join(KINDS)}")
-
-        def number(name: str, default, type_):
-            raw = env.get(name)
-            if not raw:
-                return default
-            try:
-                return type_(raw)
-            except ValueError:
-                raise ValueError(f"{name}: {raw!r} is not a{'n integer' if type_ is int else ' number'}") from None
-
-        fields = {
-            "kind": kind,
-            "workers": number("PRETRAIN_EXECUTOR_WORKERS", 1 if kind == "local" else -1, int),
-            "cpus_per_task": number("PRETRAIN_EXECUTOR_CPUS_PER_TASK", 1, int),
-            "mem_per_cpu_gb": number("PRETRAIN_EXECUTOR_MEM_PER_CPU_GB", 2.0, float),
-            "ray_address": env.get("PRETRAIN_RAY_ADDRESS") or None,
-            "slurm_partition": env.get("PRETRAIN_SLURM_PARTITION") or None,
-            "slurm_qos": env.get("PRETRAIN_SLURM_QOS") or None,
-            "slurm_env_command": env.get("PRETRAIN_SLURM_ENV_COMMAND") or None,
-        }
-        for field, name in (("slurm_time", "PRETRAIN_SLURM_TIME"), ("slurm_job_name", "PRETRAIN_SLURM_JOB_NAME")):
-            if env.get(name):
-                fields[field] = env[name]
-        if env.get("PRETRAIN_SLURM_ACCOUNT"):
-            fields["slurm_sbatch_args"] = {"account": env["PRETRAIN_SLURM_ACCOUNT"]}
-        resource = cls(**fields)
+        """The resource as the environment configures it: PRETRAIN_EXECUTOR=local|ray|slurm and its settings
+        (ExecutorEnvironment lists the variables). A bad value is refused naming its variable."""
+        resource = cls(**ExecutorEnvironment.read(os.environ if env is None else env).resource_fields())
         resource.validate()
         return resource
 

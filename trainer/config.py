@@ -1,25 +1,47 @@
-"""The trainer's configuration: one kw-only dataclass per component, composed by RunConfig.
+"""The trainer's configuration: one pydantic model per component, composed by RunConfig.
 
     cfg = load_run_config("run.json")   # ValueError naming the bad field: "run.json: model.n_heads: ..."
 
-`run.json` mirrors these dataclasses field by field; unknown keys are refused so a typo never
-silently falls back to a default. Sizes of the training run are in tokens (`train_tokens`,
-`warmup_tokens`, `ramp_tokens`) so a batch-size ramp never changes the token schedule.
+`run.json` mirrors these models field by field, validated by pydantic as the recipe is (assets/recipe.py):
+unknown keys are refused so a typo never silently falls back to a default, and nothing is coerced ("2" is
+not 2, 1 is not true). Sizes of the training run are in tokens (`train_tokens`, `warmup_tokens`,
+`ramp_tokens`) so a batch-size ramp never changes the token schedule.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import types
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-@dataclass(frozen=True, kw_only=True)
-class ModelConfig:
+
+class _Config(BaseModel):
+    """What every section shares: frozen, unknown keys refused, values taken as JSON gives them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _whole_numbers(cls, value, info):
+        # JSON has one number type: json.dumps(2e6) reads back as 2000000.0, which an int field takes.
+        annotation = cls.model_fields[info.field_name].annotation
+        if isinstance(value, float) and value.is_integer() and int in (typing.get_args(annotation) or (annotation,)):
+            return int(value)
+        return value
+
+    @model_validator(mode="after")
+    def _checked(self):
+        self._check()
+        return self
+
+    def _check(self) -> None:
+        """A section's own rules, beyond the types; a ValueError names the field by its path in run.json."""
+
+
+class ModelConfig(_Config):
     """Llama-style decoder shape (RMSNorm pre-norm, SwiGLU, RoPE, GQA, no biases, untied head)."""
 
     vocab_size: int = 50257
@@ -36,7 +58,7 @@ class ModelConfig:
     attention: Literal["auto", "flex", "sdpa"] = "auto"  # auto: FlexAttention on CUDA, SDPA elsewhere
     doc_positions: bool = True  # RoPE positions restart at each document of a packed sequence
 
-    def __post_init__(self):
+    def _check(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
@@ -62,8 +84,7 @@ class ModelConfig:
         return self.d_ff if self.d_ff is not None else -(-(8 * self.d_model // 3) // 64) * 64
 
 
-@dataclass(frozen=True, kw_only=True)
-class OptimConfig:
+class OptimConfig(_Config):
     """AdamW; weight decay on matrices only (norm gains never, embeddings only if asked)."""
 
     lr: float = 3e-4
@@ -73,18 +94,23 @@ class OptimConfig:
     decay_embeddings: bool = False
     grad_clip: float = 1.0  # global grad-norm clip, applied by DeepSpeed
 
-    def __post_init__(self):
-        object.__setattr__(self, "betas", tuple(self.betas))
+    @field_validator("betas", mode="before")
+    @classmethod
+    def _pair(cls, value):
+        if not isinstance(value, (list, tuple)) or len(value) != 2:
+            raise ValueError(f"optim.betas: expected a list of 2 items, got {value!r}")
+        return tuple(value)  # JSON has no tuples
+
+    def _check(self) -> None:
         if self.lr <= 0:
             raise ValueError(f"optim.lr must be > 0, got {self.lr}")
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+        if not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"optim.betas must be two numbers in [0, 1), got {self.betas}")
         if self.grad_clip < 0:
             raise ValueError(f"optim.grad_clip must be >= 0 (0 = off), got {self.grad_clip}")
 
 
-@dataclass(frozen=True, kw_only=True)
-class ScheduleConfig:
+class ScheduleConfig(_Config):
     """LR over tokens: linear warmup, then cosine to a floor, or warmup-stable-decay (WSD)."""
 
     kind: Literal["cosine", "wsd", "constant"] = "cosine"
@@ -92,7 +118,7 @@ class ScheduleConfig:
     min_lr_ratio: float = 0.1  # the floor, as a fraction of the peak LR
     decay_fraction: float = 0.2  # wsd: the LR decays linearly over this last fraction of train_tokens
 
-    def __post_init__(self):
+    def _check(self) -> None:
         if self.warmup_tokens < 0:
             raise ValueError(f"schedule.warmup_tokens must be >= 0, got {self.warmup_tokens}")
         if not 0 <= self.min_lr_ratio <= 1:
@@ -101,8 +127,7 @@ class ScheduleConfig:
             raise ValueError(f"schedule.decay_fraction must be in (0, 1], got {self.decay_fraction}")
 
 
-@dataclass(frozen=True, kw_only=True)
-class BatchConfig:
+class BatchConfig(_Config):
     """Batch in sequences of seq_len tokens; the ramp grows it in steps of ramp_start sequences."""
 
     global_batch: int = 32  # sequences per optimizer step (all ranks, all micro-batches)
@@ -113,7 +138,7 @@ class BatchConfig:
     ramp_start: int | None = None
     ramp_tokens: int = 0
 
-    def __post_init__(self):
+    def _check(self) -> None:
         for name in ("global_batch", "micro_batch", "seq_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"batch.{name} must be >= 1, got {getattr(self, name)}")
@@ -138,20 +163,25 @@ class BatchConfig:
             )
 
 
-@dataclass(frozen=True, kw_only=True)
-class DeepSpeedConfig:
+class DeepSpeedConfig(_Config):
     zero_stage: Literal[0, 1, 2, 3] = 0
     # bf16 weights and activations with fp32 master weights in the optimizer, or fp32 throughout. "auto":
     # bf16 where the device computes it natively (trainer.precision), fp32 elsewhere; true / false force it.
     bf16: bool | Literal["auto"] = "auto"
 
-    def __post_init__(self):
-        if self.bf16 not in (True, False, "auto"):
-            raise ValueError(f'deepspeed.bf16: expected true, false or "auto", got {self.bf16!r}')
+    @field_validator("zero_stage", "bf16", mode="before")
+    @classmethod
+    def _choices(cls, value, info):
+        # Before the types, in run.json's words: a Literal compares by == (true would pass as stage 1), and a
+        # union's own error would name its members rather than the field.
+        if info.field_name == "zero_stage" and isinstance(value, bool):
+            raise ValueError(f"deepspeed.zero_stage: must be one of [0, 1, 2, 3], got {value!r}")
+        if info.field_name == "bf16" and value is not True and value is not False and value != "auto":
+            raise ValueError(f'deepspeed.bf16: expected true, false or "auto", got {value!r}')
+        return value
 
 
-@dataclass(frozen=True, kw_only=True)
-class GuardConfig:
+class GuardConfig(_Config):
     """Spike guard: skip outlier steps, stop for a rollback after repeated strikes."""
 
     enabled: bool = True
@@ -163,7 +193,7 @@ class GuardConfig:
     strike_window: int = 50
     max_skipped: int = 20  # more skipped steps than this in a run -> stop loudly
 
-    def __post_init__(self):
+    def _check(self) -> None:
         if not 0 <= self.ema_beta < 1:
             raise ValueError(f"guard.ema_beta must be in [0, 1), got {self.ema_beta}")
         for name in ("loss_ratio", "grad_norm_ratio"):
@@ -174,23 +204,21 @@ class GuardConfig:
                 raise ValueError(f"guard.{name} must be >= 1, got {getattr(self, name)}")
 
 
-@dataclass(frozen=True, kw_only=True)
-class MetricsConfig:
+class MetricsConfig(_Config):
     log_interval: int = 10  # steps between progress lines / metric records
     eval_interval: int = 0  # steps between per-domain validation losses (0 = only at the end)
     eval_batches: int = 2  # global batches of held-out data per domain per evaluation
     tensorboard: bool = True
     peak_flops: float | None = None  # overrides the device table for MFU
 
-    def __post_init__(self):
+    def _check(self) -> None:
         if self.log_interval < 1:
             raise ValueError(f"metrics.log_interval must be >= 1, got {self.log_interval}")
         if self.eval_interval < 0 or self.eval_batches < 0:
             raise ValueError("metrics.eval_interval and metrics.eval_batches must be >= 0")
 
 
-@dataclass(frozen=True, kw_only=True)
-class WatchdogConfig:
+class WatchdogConfig(_Config):
     """Hangs: a step that does not finish in time ends the job naming the rank and step (trainer.watchdog)."""
 
     enabled: bool = True
@@ -200,7 +228,7 @@ class WatchdogConfig:
     first_steps: int = 3
     collective_timeout_s: float = 1800.0  # the NCCL / gloo timeout of every collective: the backstop
 
-    def __post_init__(self):
+    def _check(self) -> None:
         if self.step_factor <= 1:
             raise ValueError(f"watchdog.step_factor must be > 1, got {self.step_factor}")
         for name in ("min_timeout_s", "first_steps_timeout_s", "collective_timeout_s"):
@@ -208,8 +236,7 @@ class WatchdogConfig:
                 raise ValueError(f"watchdog.{name} must be > 0, got {getattr(self, name)}")
 
 
-@dataclass(frozen=True, kw_only=True)
-class SDCConfig:
+class SDCConfig(_Config):
     """Silent data corruption (trainer.rank_checks): every step each rank's own loss and gradient norm
     (before the all-reduce) against the others'; every canary_interval steps a fixed held-out batch."""
 
@@ -223,7 +250,7 @@ class SDCConfig:
     canary_tolerance: float = 0.25  # alarm: canary loss > (1 + tolerance) × the median of its recent values
     canary_history: int = 5
 
-    def __post_init__(self):
+    def _check(self) -> None:
         for name in ("grad_norm_ratio", "loss_ratio"):
             if getattr(self, name) <= 1:
                 raise ValueError(f"sdc.{name} must be > 1, got {getattr(self, name)}")
@@ -234,8 +261,7 @@ class SDCConfig:
             raise ValueError("sdc.canary_interval must be >= 0 and sdc.canary_tolerance > 0")
 
 
-@dataclass(frozen=True, kw_only=True)
-class StragglerConfig:
+class StragglerConfig(_Config):
     """Per-rank step time (its own work, outside the collectives the loop can see) against the other ranks."""
 
     enabled: bool = True
@@ -247,22 +273,21 @@ class StragglerConfig:
     # launcher can (Slurm with more than one node: it sets PRETRAIN_LAUNCHER_CAN_DRAIN); else only report.
     drain: bool = False
 
-    def __post_init__(self):
+    def _check(self) -> None:
         if self.factor <= 1:
             raise ValueError(f"straggler.factor must be > 1, got {self.factor}")
         if not 1 <= self.steps <= self.window:
             raise ValueError(f"straggler.steps must be in [1, straggler.window], got {self.steps}")
 
 
-@dataclass(frozen=True, kw_only=True)
-class HealthConfig:
+class HealthConfig(_Config):
     """Per-layer weight and activation RMS and gradient norms every `interval` steps (trainer.health)."""
 
     interval: int = 100  # 0 = off
     growth: float = 3.0  # flagged: a figure above growth × the median of its recent values
     history: int = 5
 
-    def __post_init__(self):
+    def _check(self) -> None:
         if self.interval < 0:
             raise ValueError(f"health.interval must be >= 0, got {self.interval}")
         if self.growth <= 1:
@@ -271,8 +296,7 @@ class HealthConfig:
             raise ValueError(f"health.history must be >= 1, got {self.history}")
 
 
-@dataclass(frozen=True, kw_only=True)
-class CheckpointConfig:
+class CheckpointConfig(_Config):
     """When and where checkpoints go: local disk first (committed atomically), then the object store
     in a background thread. Layout: <local_dir>/step-<N>/ and <remote>/checkpoints/<stage>/<run_name>/step-<N>/."""
 
@@ -288,7 +312,7 @@ class CheckpointConfig:
     allow_batch_change: bool = False  # resuming with a different global batch is refused unless this is set
     upload_retry_max_s: float = 30.0  # the background upload retries with backoff up to this pause, forever
 
-    def __post_init__(self):
+    def _check(self) -> None:
         for name in ("interval_steps", "keep_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"checkpoint.{name} must be >= 0, got {getattr(self, name)}")
@@ -300,19 +324,18 @@ class CheckpointConfig:
             raise ValueError(f"checkpoint.run_name must be a non-empty name without '/', got {self.run_name!r}")
 
 
-@dataclass(frozen=True, kw_only=True)
-class DataSection:
+class DataSection(_Config):
     """Where the tokens come from: packed shards (trainer.data) or, for demos and tests, one text file."""
 
-    shards: dict[str, str] = field(default_factory=dict)  # source name -> packed-shard folder
-    weights: dict[str, float] = field(default_factory=dict)  # source name -> mixture weight
+    shards: dict[str, str] = Field(default_factory=dict)  # source name -> packed-shard folder
+    weights: dict[str, float] = Field(default_factory=dict)  # source name -> mixture weight
     min_doc_tokens: int = 0  # packed shards: only documents this long (long-context stages); 0 = all
     text: str | None = None  # a plain text file, documents separated by blank lines
     tokenizer: str | None = None  # tokenizer.json for `text`
     val_fraction: float = 0.1  # `text`: the last documents held out for validation
     top_tokens: int | None = None  # `text`: keep this many token ids (trainer.text_source); None = all
 
-    def __post_init__(self):
+    def _check(self) -> None:
         if self.text is None and not self.shards:
             raise ValueError("data: give either data.shards (packed shards) or data.text (+ data.tokenizer)")
         if self.text is not None and self.shards:
@@ -324,8 +347,7 @@ class DataSection:
             raise ValueError(f"data.weights: sources {sorted(unknown)} are not in data.shards")
 
 
-@dataclass(frozen=True, kw_only=True)
-class RunConfig:
+class RunConfig(_Config):
     """One training run (a stage: main, long-context, anneal) = these configs, nothing else."""
 
     data: DataSection
@@ -333,37 +355,41 @@ class RunConfig:
     output_dir: str
     stage: str = "main"
     seed: int = 0
-    model: ModelConfig = field(default_factory=ModelConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
-    batch: BatchConfig = field(default_factory=BatchConfig)
-    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
-    guard: GuardConfig = field(default_factory=GuardConfig)
-    metrics: MetricsConfig = field(default_factory=MetricsConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
-    sdc: SDCConfig = field(default_factory=SDCConfig)
-    straggler: StragglerConfig = field(default_factory=StragglerConfig)
-    health: HealthConfig = field(default_factory=HealthConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    batch: BatchConfig = Field(default_factory=BatchConfig)
+    deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
+    guard: GuardConfig = Field(default_factory=GuardConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
+    sdc: SDCConfig = Field(default_factory=SDCConfig)
+    straggler: StragglerConfig = Field(default_factory=StragglerConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
     # A committed checkpoint step (path, file:// or s3://…/step-<N>) whose weights start this run: how a
     # long-context stage continues from the stage before. Optimizer and schedule start fresh; a resume wins.
     init_from: str | None = None
     tokenizer_sha256: str | None = None  # recorded in every checkpoint manifest
     # Data and code versions of everything upstream, passed in by the Dagster layer; recorded in every
     # checkpoint manifest: [{asset, data_version, code_version, run_id}, ...] from this stage back to raw.
-    lineage: list[dict] = field(default_factory=list)
+    lineage: list[dict] = Field(default_factory=list)
 
-    def __post_init__(self):
+    def _check(self) -> None:
         if self.train_tokens < 1:
             raise ValueError(f"train_tokens must be >= 1, got {self.train_tokens}")
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """What checkpoint manifests store; from_dict reads it back (resume, init_from, export)."""
+        return self.model_dump()
 
 
 def from_dict(cls, data, where: str = ""):
-    """Build dataclass `cls` from plain JSON data; errors name the field path (`model.n_heads`)."""
-    return _convert(cls, data, where)
+    """Build config model `cls` from plain JSON data; errors name the field path (`model.n_heads`)."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise ValueError(_describe(cls, e, where)) from None
 
 
 def load_run_config(path: str | Path) -> RunConfig:
@@ -378,86 +404,39 @@ def load_run_config(path: str | Path) -> RunConfig:
         raise ValueError(f"{path}: {e}") from e
 
 
-def _convert(tp, value, where: str):
-    origin = typing.get_origin(tp)
-    label = where or "the config"
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ValueError(f"{label}: expected an object, got {type(value).__name__}")
-        hints = typing.get_type_hints(tp)
-        fields = {f.name: f for f in dataclasses.fields(tp) if f.init}
-        unknown = sorted(set(value) - set(fields))
-        if unknown:
-            raise ValueError(f"{_join(where, unknown[0])}: unknown field (known: {', '.join(sorted(fields))})")
-        missing = [
-            n for n, f in fields.items()
-            if n not in value and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        ]
-        if missing:
-            raise ValueError(f"{_join(where, missing[0])}: required field missing")
-        kwargs = {k: _convert(hints[k], v, _join(where, k)) for k, v in value.items()}
-        try:
-            return tp(**kwargs)
-        except ValueError as e:
-            # __post_init__ messages already name their field ("model.n_heads ...").
-            raise ValueError(str(e) if not where or str(e).startswith(where) else f"{where}: {e}") from e
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _convert(arg, value, where)
-            except ValueError as e:
-                errors.append(str(e))
-        raise ValueError(errors[0] if len(errors) == 1 else f"{label}: {value!r} matches none of {tp}")
-    if origin is Literal:
-        choices = typing.get_args(tp)
-        if value not in choices or isinstance(value, bool) != isinstance(choices[0], bool):
-            raise ValueError(f"{label}: must be one of {list(choices)}, got {value!r}")
-        return value
-    if origin is dict:
-        kt, vt = typing.get_args(tp)
-        if not isinstance(value, dict):
-            raise ValueError(f"{label}: expected an object, got {type(value).__name__}")
-        return {_convert(kt, k, f"{label}[{k!r}]"): _convert(vt, v, f"{where}.{k}") for k, v in value.items()}
-    if origin is list:
-        (item,) = typing.get_args(tp)
-        if not isinstance(value, list):
-            raise ValueError(f"{label}: expected a list, got {type(value).__name__}")
-        return [_convert(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if tp is dict:  # free-form JSON object (a lineage record)
-        if not isinstance(value, dict):
-            raise ValueError(f"{label}: expected an object, got {type(value).__name__}")
-        return value
-    if origin is tuple:
-        args = typing.get_args(tp)
-        if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            raise ValueError(f"{label}: expected a list of {len(args)} items, got {value!r}")
-        return tuple(_convert(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ValueError(f"{label}: expected true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                return int(value)  # 1e6 in JSON is a float
-            raise ValueError(f"{label}: expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{label}: expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ValueError(f"{label}: expected a string, got {value!r}")
-        return value
-    raise AssertionError(f"unsupported config type {tp} at {label}")
+# Pydantic's error types in the words run.json errors have always used ({0} is the value that was given).
+_WORDS = {"missing": "required field missing", "int_type": "expected an integer, got {0!r}",
+          "float_type": "expected a number, got {0!r}", "bool_type": "expected true or false, got {0!r}",
+          "string_type": "expected a string, got {0!r}", "list_type": "expected a list, got {0.__class__.__name__}",
+          "dict_type": "expected an object, got {0.__class__.__name__}",
+          "model_type": "expected an object, got {0.__class__.__name__}"}
 
 
-def _join(where: str, name: str) -> str:
-    return f"{where}.{name}" if where else name
+def _describe(cls, error: ValidationError, where: str) -> str:
+    """One line for one error: an unknown field first, then a missing one, the outermost first (as before)."""
+    rank = {"extra_forbidden": 0, "missing": 1}
+    first = min(error.errors(), key=lambda e: (rank.get(e["type"], 2), len(e["loc"]) if e["type"] in rank else 0))
+    loc, kind, value = first["loc"], first["type"], first["input"]
+    path = ".".join([where] * bool(where) + [f"[{p}]" if isinstance(p, int) else p for p in loc]).replace(".[", "[")
+    if kind == "value_error":
+        # The checks name their own field ("model.d_model (100) must be divisible by model.n_heads (3)").
+        message = first["msg"].removeprefix("Value error, ")
+        return message if not path or message.startswith(path) else f"{path}: {message}"
+    if kind == "extra_forbidden":
+        message = f"unknown field (known: {', '.join(sorted(_section(cls, loc[:-1]).model_fields))})"
+    elif kind == "literal_error":
+        choices = typing.get_args(_section(cls, loc[:-1]).model_fields[loc[-1]].annotation)
+        message = f"must be one of {list(choices)}, got {value!r}"
+    else:
+        message = _WORDS.get(kind, f"{first['msg']}, got {{0!r}}").format(value)
+    return f"{path or 'the config'}: {message}"
+
+
+def _section(cls, loc: tuple) -> type[BaseModel]:
+    """The config model that the field path `loc` (from `cls`) ends in."""
+    for part in loc:
+        annotation = cls.model_fields[part].annotation if part in cls.model_fields else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            break
+        cls = annotation
+    return cls

@@ -149,6 +149,23 @@ def test_executor_kind_and_settings_come_from_the_environment():
         ExecutorResource.from_env({"PRETRAIN_EXECUTOR_WORKERS": "two"})
 
 
+def test_environment_values_are_validated_by_pydantic_naming_the_variable():
+    # An empty variable counts as unset; other variables in the mapping are not the executor's business.
+    assert ExecutorResource.from_env({"PRETRAIN_EXECUTOR": "", "PRETRAIN_EXECUTOR_WORKERS": "", "HOME": "/root"}) \
+        == ExecutorResource.from_env({})
+    ray = ExecutorResource.from_env({"PRETRAIN_EXECUTOR": "ray", "PRETRAIN_EXECUTOR_WORKERS": "4",
+                                     "PRETRAIN_EXECUTOR_MEM_PER_CPU_GB": "0.5", "PRETRAIN_SLURM_TIME": "01:00:00"})
+    assert (ray.workers, ray.mem_per_cpu_gb, ray.slurm_time, ray.slurm_job_name) == (4, 0.5, "01:00:00", "pretrain")
+    with pytest.raises(ValueError, match=r"^PRETRAIN_EXECUTOR_MEM_PER_CPU_GB: 'lots' is not a number$"):
+        ExecutorResource.from_env({"PRETRAIN_EXECUTOR_MEM_PER_CPU_GB": "lots"})
+    with pytest.raises(ValueError, match=r"^PRETRAIN_EXECUTOR_CPUS_PER_TASK: '1.5' is not an integer$"):
+        ExecutorResource.from_env({"PRETRAIN_EXECUTOR_CPUS_PER_TASK": "1.5"})
+    with pytest.raises(ValueError, match=r"^PRETRAIN_EXECUTOR: 'spark' is not one of local, ray, slurm$"):
+        ExecutorResource.from_env({"PRETRAIN_EXECUTOR": "spark", "PRETRAIN_EXECUTOR_WORKERS": "two"})
+    with pytest.raises(ValueError, match="executor.workers: must be >= 1"):  # a valid number, but not a valid setting
+        ExecutorResource.from_env({"PRETRAIN_EXECUTOR_WORKERS": "0"})
+
+
 def test_slurm_kind_builds_the_job_array_datatrove_submits(tmp_path, monkeypatch):
     """Everything up to sbatch: the executor's settings, the script and the pickled pipeline the nodes load."""
     from datatrove.executor import SlurmPipelineExecutor
