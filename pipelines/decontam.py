@@ -28,9 +28,10 @@ from typing import Callable, Iterator, Literal, Sequence
 import numpy as np
 import orjson
 
-from pipelines.dedup import WordHasher, GzipLines, ngram_hashes, normalized_words
-from pipelines.ingest import iter_documents
+from pipelines.dedup import WordHasher, ngram_hashes, normalized_words
+from pipelines.shards import GzipLines, ShardWriter, iter_documents
 
+SHARD_COMPRESSLEVEL = 1  # as dedup's: intermediate data, speed over size (changing it changes every output byte)
 _WORD = re.compile(r"\w+")
 
 
@@ -273,9 +274,9 @@ def decontaminate(*, inputs: Sequence[Path], index: BenchmarkIndex, config: Deco
     stats = DecontamStats(hits={name: 0 for name in index.names})
     checker = Decontaminator(index)
     hits: Counter = Counter()
-    removed = GzipLines(out_dir / "removed.jsonl.gz")
-    shard = None
-    try:
+    shards = ShardWriter(out_dir, records_per_shard=config.docs_per_shard, compresslevel=SHARD_COMPRESSLEVEL)
+    removed = GzipLines(out_dir / "removed.jsonl.gz", compresslevel=SHARD_COMPRESSLEVEL)
+    with shards, removed:
         for path in inputs:
             for doc in iter_documents(path):
                 stats.documents_in += 1
@@ -293,27 +294,16 @@ def decontaminate(*, inputs: Sequence[Path], index: BenchmarkIndex, config: Deco
                             stats.cut += 1
                             stats.chars_cut += len(text) - len(kept_text)
                         else:
-                            removed.write(orjson.dumps(doc) + b"\n")
+                            removed.write(doc)
                             stats.dropped += 1
                             continue
                     else:
-                        removed.write(orjson.dumps(doc) + b"\n")
+                        removed.write(doc)
                         stats.dropped += 1
                         continue
-                if shard is None or stats.files[-1]["records"] >= config.docs_per_shard:
-                    if shard is not None:
-                        shard.close()
-                    name = f"part-{len(stats.files):05d}.jsonl.gz"
-                    shard = GzipLines(out_dir / name)
-                    stats.files.append({"path": name, "records": 0})
-                shard.write(orjson.dumps(doc) + b"\n")
-                stats.files[-1]["records"] += 1
+                shards.write(doc)
                 stats.kept += 1
-    finally:
-        if shard is not None:
-            shard.close()
-        removed.close()
-    stats.files.append({"path": "removed.jsonl.gz", "records": stats.dropped})
+    stats.files = [*shards.files, {"path": "removed.jsonl.gz", "records": stats.dropped}]
     stats.hits.update(hits)
     return stats
 

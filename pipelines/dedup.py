@@ -27,7 +27,6 @@ one batch of documents (stage 1), one band's keys at 16 bytes a document (stage 
 
 from __future__ import annotations
 
-import gzip
 import re
 import unicodedata
 from collections import Counter
@@ -39,7 +38,7 @@ import numpy as np
 import orjson
 import xxhash
 
-from pipelines.ingest import iter_documents
+from pipelines.shards import GzipLines, ShardWriter, iter_documents
 
 SHARD_COMPRESSLEVEL = 1  # intermediate data: speed over size (level 1 writes ~1.5x faster than ingest's 3)
 HASH_CHUNK = 4096  # shingles hashed at once: (112, 4096) uint64 = 3.7 MB, about cache-sized
@@ -386,7 +385,11 @@ def _filter_stage(sources, clusters: _Clusters, config: DedupConfig, out_dir: Pa
     for name, paths in sources:
         (out_dir / name).mkdir(parents=True, exist_ok=True)
         kept = removed = 0
-        with _Parts(out_dir, name, config.docs_per_shard) as parts:
+        shards = ShardWriter(
+            out_dir, records_per_shard=config.docs_per_shard, compresslevel=SHARD_COMPRESSLEVEL, prefix=f"{name}/"
+        )
+        removed_docs = GzipLines(out_dir / name / "removed.jsonl.gz", compresslevel=SHARD_COMPRESSLEVEL)
+        with shards, removed_docs:
             for path in paths:
                 for doc in iter_documents(path):
                     size = int(clusters.size[index])
@@ -403,70 +406,18 @@ def _filter_stage(sources, clusters: _Clusters, config: DedupConfig, out_dir: Pa
                                 else "near_duplicate"
                             )
                             doc["metadata"]["dedup_reason"] = reason
-                            parts.removed(doc)
+                            removed_docs.write(doc)
                             reasons[reason] += 1
                             removed += 1
                             index += 1
                             continue
                         sizes[size] += 1
-                    parts.document(doc)
+                    shards.write(doc)
                     kept += 1
                     index += 1
         stats.kept[name] = kept
         stats.removed_per_source[name] = removed
-        stats.files += parts.files
+        stats.files += [*shards.files, {"path": f"{name}/removed.jsonl.gz", "records": removed}]
     stats.removed = dict(sorted(reasons.items()))
     stats.cluster_sizes = dict(sorted(sizes.items()))
 
-
-class _Parts:
-    """<source>/part-NNNNN.jsonl.gz shards and <source>/removed.jsonl.gz, byte-reproducible (gzip mtime 0)."""
-
-    def __init__(self, out_dir: Path, name: str, docs_per_shard: int):
-        self.out_dir, self.name, self.docs_per_shard = out_dir, name, docs_per_shard
-        self.files: list[dict] = []
-        self._shard = None
-        self._removed = GzipLines(out_dir / name / "removed.jsonl.gz")
-        self._removed_count = 0
-
-    def document(self, doc: dict) -> None:
-        if self._shard is None or self.files[-1]["records"] >= self.docs_per_shard:
-            self._close_shard()
-            path = f"{self.name}/part-{sum(1 for f in self.files if '/part-' in f['path']):05d}.jsonl.gz"
-            self._shard = GzipLines(self.out_dir / path)
-            self.files.append({"path": path, "records": 0})
-        self._shard.write(orjson.dumps(doc) + b"\n")
-        self.files[-1]["records"] += 1
-
-    def removed(self, doc: dict) -> None:
-        self._removed.write(orjson.dumps(doc) + b"\n")
-        self._removed_count += 1
-
-    def _close_shard(self) -> None:
-        if self._shard is not None:
-            self._shard.close()
-            self._shard = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self._close_shard()
-        self._removed.close()
-        self.files.append({"path": f"{self.name}/removed.jsonl.gz", "records": self._removed_count})
-        return False
-
-
-class GzipLines:
-    """A gzip file written line by line with a fixed header (no name, mtime 0): equal content, equal bytes."""
-
-    def __init__(self, path: Path):
-        self._raw = open(path, "wb")
-        self._gzip = gzip.GzipFile(filename="", mode="wb", fileobj=self._raw, compresslevel=SHARD_COMPRESSLEVEL, mtime=0)
-
-    def write(self, line: bytes) -> None:
-        self._gzip.write(line)
-
-    def close(self) -> None:
-        self._gzip.close()
-        self._raw.close()

@@ -44,7 +44,7 @@ from datatrove.utils.lid import FT176LID
 
 # datatrove's writers gzip through fsspec, whose GzipFile stamps the current time and the file's path in
 # every header: the same documents would give different bytes, so a rebuilt output would get a new data
-# version and make everything downstream stale. Equal content, equal bytes (as pipelines/dedup.py writes).
+# version and make everything downstream stale. Equal content, equal bytes (as pipelines/shards.py writes).
 register_compression("gzip", lambda f, **kwargs: GzipFile(fileobj=f, filename="", mtime=0, **kwargs), "gz",
                      force=True)
 
