@@ -197,7 +197,7 @@ class Factory:
 
     def current_output(self, key):
         """The asset's latest committed output in this instance and its store."""
-        from assets.upstream import OutputNotFound, latest_output
+        from assets.core.upstream import OutputNotFound, latest_output
 
         store = self.defs.resources["store"].open()
         try:
@@ -324,7 +324,7 @@ def _lineage(args) -> int:
         return 0
     from dagster import DagsterInstance
 
-    from assets.lineage import cross_check
+    from assets.core.lineage import cross_check
 
     problems = cross_check(DagsterInstance.get(), records)
     for problem in problems:

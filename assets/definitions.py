@@ -12,12 +12,10 @@ import os
 
 from dagster import Definitions
 
-from assets.curation import raw_crawl_asset
-from assets.decontaminated import decontaminated_asset, decontaminated_key
-from assets.deduplicated import deduplicated_asset
-from assets.filtered import curation_filter_assets, filtered_key
-from assets.home import pretrain_home, store_url
+from assets.curation import curation_assets
+from assets.curation.decontaminated import decontaminated_key
 from assets.evaluation import evaluation_assets
+from assets.home import pretrain_home, store_url
 from assets.mixing import mixing_assets, mixing_schedules
 from assets.recipe import Recipe, load_recipe
 from assets.tokenization import tokenization_assets
@@ -49,11 +47,8 @@ def build_resources() -> dict:
 
 
 def build_defs(recipe: Recipe) -> Definitions:
-    assets = [raw_crawl_asset(recipe, source) for source in recipe.sources]
     # The curation chain: raw_crawl -> filtered -> deduplicated (across sources) -> decontaminated -> packed.
-    assets += curation_filter_assets(recipe)
-    assets.append(deduplicated_asset(recipe, upstream_key=filtered_key))
-    assets += [decontaminated_asset(recipe, source) for source in recipe.sources]
+    assets = curation_assets(recipe)
     assets += tokenization_assets(recipe, upstream_key=decontaminated_key)
     # Mixing and training: the sweep picks the mixture, the stages train on it, each stage is evaluated.
     assets += mixing_assets(recipe)

@@ -130,13 +130,6 @@ def check_stage(where: str, settings: dict) -> RunConfig:
         raise ValueError(f"{where}.{exc}") from None
 
 
-class StageOverride(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    def settings(self) -> dict:
-        return {k: v for k, v in (self.model_extra or {}).items()}
-
-
 class LongContextStage(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 

@@ -97,8 +97,9 @@ def run(recipe_path: Path, name: str, home: Path, rounds: int) -> None:
     from datatrove.executor import LocalPipelineExecutor
 
     from assets.cli import Factory
-    from assets.filtered import CLASSIFIER_KEY, MODEL_FILE, filtered_key, resolved_filter
-    from assets.upstream import latest_output
+    from assets.core.upstream import latest_output
+    from assets.curation.filtered import filtered_key, resolved_filter
+    from assets.curation.quality_classifier import CLASSIFIER_KEY, MODEL_FILE
     from pipelines.filters import filter_counts, filter_pipeline
 
     factory = Factory(str(recipe_path))

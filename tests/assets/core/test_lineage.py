@@ -7,9 +7,9 @@ from dagster import AssetKey, DagsterInstance
 
 from assets.cli import main
 from assets.definitions import build_resources
-from assets.lineage import cross_check, find_output, lineage
+from assets.core.lineage import cross_check, find_output, lineage
 from assets.recipe import DEMO_RECIPE
-from assets.upstream import latest_output
+from assets.core.upstream import latest_output
 from trainer.checkpoint_store import LocalCheckpoints
 
 

@@ -1,4 +1,4 @@
-"""Training assets (group "training"): the recipe's stages, each a long-running trainer process.
+"""`training/<stage>`: the recipe's training stages, each a long-running trainer process.
 
 training/main: the main stage on the chosen mixture (mixing/mixture_weights; the prior when the recipe
     has no mixing section), from scratch.
@@ -20,31 +20,16 @@ import json
 import shutil
 from pathlib import Path
 
-from dagster import (
-    AssetExecutionContext,
-    AssetKey,
-    Backoff,
-    Failure,
-    Field,
-    Int,
-    MaterializeResult,
-    MetadataValue,
-    RetryPolicy,
-    asset,
-)
+from dagster import AssetKey, Backoff, Failure, Field, Int, MetadataValue, RetryPolicy
 
-from assets.lineage import record_of
-from assets.mixing import RESULT_FILE, weights_key
+from assets.core.factory import Inputs, OutputSpec, output_asset
+from assets.core.lineage import record_of
+from assets.core.upstream import Output
+from assets.mixing.section import RESULT_FILE, weights_key
 from assets.plots import line_chart
 from assets.recipe import Recipe
 from assets.stages import check_stage, merge, split_launch
-from assets.training_data import packed_keys, training_inputs
-from assets.upstream import OutputNotFound, committed_result, latest_output
-from assets.versioning import code_version, manifest_header, version_key
-from resources.launcher import LauncherResource
-from resources.scratch import ScratchResource
-from storage.manifest import commit_folder, read_manifest
-from resources.store_resource import StoreResource
+from assets.training.inputs import packed_keys, training_inputs
 from trainer.config import BatchConfig
 
 TRAINING_IMPLEMENTATION = "v1"
@@ -78,12 +63,9 @@ def _stage_weights(recipe: Recipe, name: str) -> tuple[dict[str, float] | None, 
 
 
 def _stage_asset(recipe: Recipe, name: str, settings: dict, previous: str | None, min_doc_tokens: int):
-    key = stage_key(name)
     settings, launch = split_launch(f"training.{name}", settings)  # the trainer's fields; how it is started
     fixed, uses_mixture = _stage_weights(recipe, name)
     sources = sorted(fixed) if fixed is not None else sorted(recipe.mixing.prior)
-    section = {"stage": name, "settings": settings, "weights": fixed, "min_doc_tokens": min_doc_tokens}
-    version = code_version(f"training-{name}", TRAINING_IMPLEMENTATION, section)
     deps = packed_keys(sources) + ([weights_key()] if uses_mixture else []) + ([stage_key(previous)] if previous else [])
     start = f"from the final checkpoint of training/{previous}" if previous else "from scratch"
     if min_doc_tokens:
@@ -100,85 +82,70 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, previous: str | None
                               description="batch.global_batch (sequences per optimizer step)"),
     }
 
-    @asset(key=key, group_name="training", code_version=version, kinds={"python", "pytorch"}, deps=deps,
-           config_schema=launchpad, retry_policy=RetryPolicy(max_retries=2, delay=5, backoff=Backoff.LINEAR),
-           metadata={"launch": MetadataValue.json(launch.overrides())},  # over the launcher resource's defaults
-           description=(f"Training stage `{name}` ({settings['train_tokens']:,} tokens, seq "
-                        f"{settings.get('batch', {}).get('seq_len', '?')}), {start}, on {mixture}. DeepSpeed through the "
-                        f"launcher resource{f' ({how})' if how else ''}; checkpoints to the object store, and a "
-                        "restart or retry resumes from the latest one. "
-                        f"Driven by the recipe's `training` section."))
-    def training_stage(context: AssetExecutionContext, store: StoreResource, scratch: ScratchResource,
-                       launcher: LauncherResource) -> MaterializeResult:
+    def prepare(inputs: Inputs) -> Inputs:
+        context, store = inputs.context, inputs.store
         run_settings, overrides = _with_overrides(name, settings, context.op_config or {})
         if overrides:
             context.log.info(f"launchpad overrides for this run: {overrides}")
-        object_store = store.open()
-        inputs = training_inputs(context, object_store, scratch, sources)
-        upstream, lineage = dict(inputs.upstream), list(inputs.lineage)
+        found = training_inputs(context, store, inputs.resources.scratch, sources)
+        upstream, lineage = dict(found.upstream), list(found.lineage)
         weights = fixed
-        try:
-            if uses_mixture:
-                chosen = latest_output(context.instance, object_store, weights_key())
-                weights = json.loads(object_store.get_bytes(f"{chosen.prefix}/{RESULT_FILE}"))["weights"]
-                upstream[weights_key().to_user_string()] = chosen.data_version
-                lineage.insert(0, record_of(chosen))
-            init_from = None
-            if previous is not None:
-                before = latest_output(context.instance, object_store, stage_key(previous))
-                init_from = before.manifest["checkpoint"]["uri"]
-                upstream[stage_key(previous).to_user_string()] = before.data_version
-                lineage = [record_of(before), *[r for r in before.manifest.get("lineage", []) if r not in lineage],
-                           *lineage]
-        except OutputNotFound as exc:
-            raise Failure(description=str(exc)) from exc
+        if uses_mixture:
+            chosen = inputs.read(weights_key())
+            weights = json.loads(store.get_bytes(f"{chosen.prefix}/{RESULT_FILE}"))["weights"]
+            upstream[weights_key().to_user_string()] = chosen.data_version
+            lineage.insert(0, record_of(chosen))
+        init_from = None
+        if previous is not None:
+            before = inputs.read(stage_key(previous))
+            init_from = before.manifest["checkpoint"]["uri"]
+            upstream[stage_key(previous).to_user_string()] = before.data_version
+            lineage = [record_of(before), *[r for r in before.manifest.get("lineage", []) if r not in lineage], *lineage]
         # A run with Launchpad overrides is another output (and another checkpoint run) than the recipe's.
-        vkey = version_key(version, upstream=upstream,
-                           inputs=[json.dumps(overrides, sort_keys=True)] if overrides else None)
-        prefix = "/".join(key.path + [vkey])
-        manifest = read_manifest(object_store, prefix)
-        if manifest is None:
-            # Stable folders per version: a retry finds the same local checkpoints (and the same remote ones).
-            work = Path(scratch.root) / "training" / name / vkey
-            run = {**run_settings, "stage": name, "output_dir": str(work / "out"),
-                   "data": {"shards": {k: str(v) for k, v in inputs.folders.items()}, "weights": weights,
-                            "min_doc_tokens": min_doc_tokens},
-                   "checkpoint": {**run_settings.get("checkpoint", {}), "remote": store.url, "run_name": vkey,
-                                  "local_dir": str(work / "checkpoints")},
-                   "tokenizer_sha256": inputs.tokenizer_sha256, "lineage": lineage, "init_from": init_from}
-            if context.retry_number:
-                context.log.info(f"retry {context.retry_number}: the trainer resumes from its latest checkpoint")
-            result = launcher.launch(context, run, work, settings=launch.overrides())
-            saved = [r["step"] for r in result.events("checkpoint_saved")]
-            if not saved:
-                # Killed after its final checkpoint was committed but before this asset was: the retry resumed at
-                # the end, trained nothing and saved nothing; the step it resumed from is the final one.
-                done = json.loads((work / "out" / SUMMARY_FILE).read_text())["tokens"] >= run["train_tokens"]
-                saved = [r["step"] for r in result.events("resumed")] if done else []
-            if not saved:
-                raise Failure(description=f"training/{name} finished without a final checkpoint "
-                                          "(checkpoint.save_final must stay on for a training stage)")
-            final = saved[-1]
-            checkpoint_prefix = f"checkpoints/{name}/{vkey}/step-{final:08d}"
-            out = work / "result"
-            out.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(work / "out" / SUMMARY_FILE, out / SUMMARY_FILE)
-            shutil.copyfile(work / "out" / METRICS_FILE, out / METRICS_FILE)
-            manifest = commit_folder(object_store, prefix, out, {
-                **manifest_header(key.path, vkey, version, section, context.run.run_id),
-                "upstream": upstream, "lineage": lineage, "weights": weights,
-                "checkpoint": {"prefix": checkpoint_prefix, "uri": object_store.uri(checkpoint_prefix), "step": final},
-                "resumed": [e for e in result.events("resumed")], "restarts": result.restarts})
-        else:
-            context.log.info(f"{object_store.uri(prefix)} is already committed for this version; reusing it")
-        summary = json.loads(object_store.get_bytes(f"{prefix}/{SUMMARY_FILE}"))
-        records = [json.loads(line) for line in object_store.get_bytes(f"{prefix}/{METRICS_FILE}").splitlines()]
+        return inputs.but(upstream=upstream, fingerprints=[json.dumps(overrides, sort_keys=True)] if overrides else None,
+                          manifest={"lineage": lineage, "weights": weights},
+                          extra={"settings": run_settings, "found": found, "init_from": init_from})
+
+    def build(inputs: Inputs, out: Path) -> dict:
+        context, work, vkey, found = inputs.context, inputs.work, inputs.version_key, inputs.extra["found"]
+        run_settings = inputs.extra["settings"]
+        run = {**run_settings, "stage": name, "output_dir": str(work / "out"),
+               "data": {"shards": {k: str(v) for k, v in found.folders.items()}, "weights": inputs.manifest["weights"],
+                        "min_doc_tokens": min_doc_tokens},
+               "checkpoint": {**run_settings.get("checkpoint", {}), "remote": inputs.resources.store.url,
+                              "run_name": vkey, "local_dir": str(work / "checkpoints")},
+               "tokenizer_sha256": found.tokenizer_sha256, "lineage": inputs.manifest["lineage"],
+               "init_from": inputs.extra["init_from"]}
+        if context.retry_number:
+            context.log.info(f"retry {context.retry_number}: the trainer resumes from its latest checkpoint")
+        result = inputs.resources.launcher.launch(context, run, work, settings=launch.overrides())
+        saved = [r["step"] for r in result.events("checkpoint_saved")]
+        if not saved:
+            # Killed after its final checkpoint was committed but before this asset was: the retry resumed at
+            # the end, trained nothing and saved nothing; the step it resumed from is the final one.
+            done = json.loads((work / "out" / SUMMARY_FILE).read_text())["tokens"] >= run["train_tokens"]
+            saved = [r["step"] for r in result.events("resumed")] if done else []
+        if not saved:
+            raise Failure(description=f"training/{name} finished without a final checkpoint "
+                                      "(checkpoint.save_final must stay on for a training stage)")
+        final = saved[-1]
+        checkpoint_prefix = f"checkpoints/{name}/{vkey}/step-{final:08d}"
+        shutil.copyfile(work / "out" / SUMMARY_FILE, out / SUMMARY_FILE)
+        shutil.copyfile(work / "out" / METRICS_FILE, out / METRICS_FILE)
+        return {"checkpoint": {"prefix": checkpoint_prefix, "uri": inputs.store.uri(checkpoint_prefix), "step": final},
+                "resumed": [e for e in result.events("resumed")], "restarts": result.restarts}
+
+    def metadata(inputs: Inputs, output: Output) -> dict:
+        store, prefix, manifest = inputs.store, output.prefix, output.manifest
+        summary = json.loads(store.get_bytes(f"{prefix}/{SUMMARY_FILE}"))
+        records = [json.loads(line) for line in store.get_bytes(f"{prefix}/{METRICS_FILE}").splitlines()]
         train = [r for r in records if r.get("event") == "train"]
         evals = [r for r in records if r.get("event") == "eval"]
         # bf16 or fp32 as the trainer resolved it (deepspeed.bf16: auto picks by the hardware); every restart
         # logs it again and keeps the first one's, so the last record is the run's.
         precision = [r for r in records if r.get("event") == "precision"]
-        return committed_result(object_store, prefix, manifest, metadata={
+        lineage = inputs.manifest["lineage"]  # as this run found it
+        return {
             "checkpoint": MetadataValue.path(manifest["checkpoint"]["uri"]),
             "checkpoint_step": manifest["checkpoint"]["step"],
             "precision": precision[-1]["dtype"] if precision else "unknown",
@@ -198,9 +165,23 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, previous: str | None
             # How the run that made this output went: each restart of the trainer, why, and where it resumed.
             "restarts": len(manifest.get("restarts", [])),
             "restart_log": MetadataValue.json(manifest.get("restarts", [])),
-        })
+        }
 
-    return training_stage
+    return output_asset(OutputSpec(
+        key=stage_key(name), group="training", stage=f"training-{name}", implementation=TRAINING_IMPLEMENTATION,
+        section={"stage": name, "settings": settings, "weights": fixed, "min_doc_tokens": min_doc_tokens},
+        description=(f"Training stage `{name}` ({settings['train_tokens']:,} tokens, seq "
+                     f"{settings.get('batch', {}).get('seq_len', '?')}), {start}, on {mixture}. DeepSpeed through the "
+                     f"launcher resource{f' ({how})' if how else ''}; checkpoints to the object store, and a "
+                     "restart or retry resumes from the latest one. "
+                     f"Driven by the recipe's `training` section."),
+        deps=deps, prepare=prepare, build=build, metadata=metadata, resources=frozenset({"launcher"}),
+        # Stable folders per version: a retry finds the same local checkpoints (and the same remote ones).
+        work_dir=lambda inputs: Path(inputs.resources.scratch.root) / "training" / name / inputs.version_key,
+        out_name="result", kinds=frozenset({"python", "pytorch"}),
+        asset_args={"config_schema": launchpad, "retry_policy": RetryPolicy(max_retries=2, delay=5, backoff=Backoff.LINEAR),
+                    "metadata": {"launch": MetadataValue.json(launch.overrides())}},  # over the launcher's defaults
+    ))
 
 
 def _with_overrides(name: str, settings: dict, chosen: dict) -> tuple[dict, dict]:

@@ -14,8 +14,8 @@ import pytest
 import yaml
 from dagster import AssetCheckKey, AssetKey, DagsterInstance, DagsterRunStatus
 
-import assets.decontaminated
-from assets.checks import BENCHMARK_CHECK, DOCUMENTS_CHECK, documents_check, validate_documents
+import assets.curation.decontaminated
+from assets.curation.checks import BENCHMARK_CHECK, DOCUMENTS_CHECK, documents_check, validate_documents
 from assets.cli import main
 from assets.recipe import DEMO_RECIPE
 from pipelines.decontam import BenchmarkIndex
@@ -122,14 +122,14 @@ def test_a_surviving_benchmark_ngram_fails_the_blocking_check_and_nothing_is_pac
     select = ["materialize", "--select", f"+tokenization/{SOURCE}/packed", "--jobs", "1"]
 
     # No recipe setting lets a matching document through, so the engine is broken on purpose: an empty index.
-    real = assets.decontaminated.decontaminate
+    real = assets.curation.decontaminated.decontaminate
 
     def remove_nothing(*, index, **kwargs):
         empty = BenchmarkIndex(names=index.names, hashes=np.empty(0, np.uint64), owners=np.empty(0, np.uint16), ngram=index.ngram)
         return real(index=empty, **kwargs)
 
     with monkeypatch.context() as patch:
-        patch.setattr(assets.decontaminated, "decontaminate", remove_nothing)
+        patch.setattr(assets.curation.decontaminated, "decontaminate", remove_nothing)
         assert main(select) == 1
     assert last_run_status() == DagsterRunStatus.FAILURE
     [first] = materializations(DECONTAMINATED)  # the output is committed and recorded: the check judges it

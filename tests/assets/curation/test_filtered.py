@@ -11,7 +11,7 @@ import yaml
 from dagster import AssetCheckKey, AssetKey, DagsterInstance
 
 from assets.cli import main
-from assets.filtered import CHECK_NAME, validate_documents
+from assets.curation.checks import DOCUMENTS_CHECK, validate_documents
 from assets.recipe import DEMO_RECIPE
 from pipelines.filters import FilterConfig, LanguageConfig
 
@@ -96,7 +96,7 @@ def test_filtered_outputs_and_one_changed_threshold_reruns_only_that_source(tmp_
 
     # The great-expectations check ran with each materialization and passed.
     for name in SOURCES:
-        check = AssetCheckKey(AssetKey(["curation", name, "filtered"]), CHECK_NAME)
+        check = AssetCheckKey(AssetKey(["curation", name, "filtered"]), DOCUMENTS_CHECK)
         [record] = DagsterInstance.get().event_log_storage.get_asset_check_execution_history(check, limit=1)
         assert record.status.value == "SUCCEEDED", (name, record)
 

@@ -1,7 +1,7 @@
-"""Asset checks of the curation stages, on the committed output (group "curation").
+"""The curation assets' checks (documents_valid, no_benchmark_ngrams), on the committed output.
 
 documents_valid (filtered, deduplicated, decontaminated): great-expectations 1.x called directly (dagster-ge needs
-    GE < 1 and pandas < 3, ../shared/docs/STACK.md) on the output's documents: text present and within length
+    GE < 1 and pandas < 3, docs/stack.md) on the output's documents: text present and within length
     bounds, unique ids, languages in the source's allowed set (for a source with a language filter), no PII pattern
     left (the scrubber's own patterns, pipelines/filters.py, under the source's PII settings). Severity ERROR, not
     blocking: a violation shows on the asset, it does not stop the run.

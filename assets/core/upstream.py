@@ -61,8 +61,13 @@ def latest_output(instance: DagsterInstance, store: ObjectStore, key: AssetKey) 
     name = key.to_user_string()
     if event is None or "prefix" not in event.asset_materialization.metadata:
         raise OutputNotFound(f"{name} has never been materialized: run `pretrain materialize --select {name}`")
-    prefix = event.asset_materialization.metadata["prefix"].value
+    return output_at(store, key, event.asset_materialization.metadata["prefix"].value)
+
+
+def output_at(store: ObjectStore, key: AssetKey, prefix: str) -> Output:
+    """The committed output of `key` under `prefix` (e.g. one partition's, from its materialization)."""
     manifest = read_manifest(store, prefix)
     if manifest is None:
-        raise OutputNotFound(f"{store.uri(prefix)} has no manifest: the output of {name} is missing or incomplete")
+        raise OutputNotFound(f"{store.uri(prefix)} has no manifest: the output of {key.to_user_string()} is missing "
+                             "or incomplete")
     return Output(key=key, prefix=prefix, manifest=manifest)

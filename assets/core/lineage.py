@@ -17,7 +17,7 @@ from collections import deque
 
 from dagster import AssetKey, DagsterInstance
 
-from assets.upstream import Output
+from assets.core.upstream import Output
 from storage.manifest import read_manifest
 from storage.objects import ObjectStore
 

@@ -2,7 +2,7 @@
 
     inputs = training_inputs(context, store, scratch, sources=["web", "code"])
     inputs.folders        # {"web": Path(...), ...}: packed outputs as trainer/data.py opens them
-    inputs.lineage        # records from these outputs back to every raw source (assets/lineage.py)
+    inputs.lineage        # records from these outputs back to every raw source (assets/core/lineage.py)
     inputs.upstream       # {asset: data_version} of the packed outputs and the tokenizer (for version keys)
 
 With the local store the packed outputs are read in place; from S3 they are downloaded once into a
@@ -18,11 +18,12 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from dagster import AssetExecutionContext, AssetKey, Failure
+from dagster import AssetExecutionContext, AssetKey
 
-from assets.lineage import lineage
-from assets.tokenization import packed_key, tokenizer_key
-from assets.upstream import Output, OutputNotFound, latest_output
+from assets.core.lineage import lineage
+from assets.core.upstream import Output, latest_output
+from assets.tokenization.packed import packed_key
+from assets.tokenization.tokenizer import tokenizer_key
 from resources.scratch import ScratchResource
 from storage.manifest import MANIFEST
 from storage.objects import ObjectStore
@@ -64,11 +65,10 @@ def local_folder(store: ObjectStore, output: Output, cache_root: Path) -> Path:
 
 def training_inputs(context: AssetExecutionContext, store: ObjectStore, scratch: ScratchResource,
                     sources: list[str]) -> TrainingInputs:
-    try:
-        outputs = {name: latest_output(context.instance, store, packed_key(name)) for name in sources}
-        tokenizer = latest_output(context.instance, store, tokenizer_key())
-    except OutputNotFound as exc:
-        raise Failure(description=str(exc)) from exc
+    """The packed outputs of `sources` and the tokenizer; OutputNotFound when one is missing (the asset factory
+    fails the step with it)."""
+    outputs = {name: latest_output(context.instance, store, packed_key(name)) for name in sources}
+    tokenizer = latest_output(context.instance, store, tokenizer_key())
     cache = Path(scratch.root) / "packed-cache"
     folders = {name: local_folder(store, out, cache) for name, out in outputs.items()}
     return TrainingInputs(folders=folders, outputs=outputs, tokenizer=tokenizer,

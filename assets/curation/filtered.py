@@ -1,0 +1,143 @@
+"""`curation/<source>/filtered`: the source's raw_crawl documents through its recipe `filter` steps
+(pipelines/filters.py), run by the executor resource.
+
+Kept documents are written as part-NNNNN.jsonl.gz, PII replaced by typed placeholders; every dropped document
+goes to rejected-<step>-NNNNN.jsonl.gz with metadata.filter_reason, and the manifest's counts say how many went
+for each reason. A source whose filter has `quality_model` also reads curation/quality_classifier.
+"""
+
+import dataclasses
+import gzip
+import hashlib
+import time
+from collections import Counter
+from pathlib import Path
+
+from dagster import AssetKey, MetadataValue
+
+from assets.core.factory import Inputs, OutputSpec, output_asset
+from assets.core.upstream import Output
+from assets.curation.checks import documents_check, documents_check_spec, read_documents
+from assets.curation.quality_classifier import CLASSIFIER_KEY, MODEL_FILE
+from assets.curation.raw_crawl import raw_crawl_key
+from assets.plots import bar_chart, count_table
+from assets.recipe import DEMO_RECIPE, Recipe, SourceConfig
+from pipelines.filters import FilterConfig, filter_counts, filter_pipeline
+
+# Bump when the filter code changes what it writes for the same settings.
+FILTERED_IMPLEMENTATION = "v1"
+
+
+def filtered_key(source_name: str) -> AssetKey:
+    return AssetKey(["curation", source_name, "filtered"])
+
+
+def _list_path(recipe: Recipe, source: SourceConfig, name: str) -> Path:
+    """A blocklist named in the recipe: next to the recipe file, else among those shipped in recipes/ (so a
+    copy of the demo recipe elsewhere still finds lists/blocked_domains.txt)."""
+    anchors = ([recipe.path.parent] if recipe.path else []) + [DEMO_RECIPE.parent]
+    for anchor in anchors:
+        path = (anchor / name).resolve()
+        if path.is_file():
+            return path
+    raise ValueError(f"sources[{source.name}].filter.url: list file {name!r} not found next to the recipe "
+                     f"or in {DEMO_RECIPE.parent}")
+
+
+def resolved_filter(recipe: Recipe, source: SourceConfig) -> tuple[FilterConfig, dict[str, str]]:
+    """The source's filter settings with absolute list paths, and {list name: sha256 of its contents}."""
+    config = source.filter
+    if config.url is None:
+        return config, {}
+    paths = {name: _list_path(recipe, source, name) for name in config.list_files()}
+    url = dataclasses.replace(config.url, **{
+        field: tuple(str(paths[name]) for name in getattr(config.url, field))
+        for field in ("blocked_domains_files", "blocked_words_files", "blocked_subwords_files")
+    })
+    return dataclasses.replace(config, url=url), {name: hashlib.sha256(p.read_bytes()).hexdigest() for name, p in paths.items()}
+
+
+def filtered_asset(recipe: Recipe, source: SourceConfig):
+    key = filtered_key(source.name)
+    uses_model = source.filter.quality_model is not None
+    if uses_model and recipe.quality_classifier is None:
+        raise ValueError(f"sources[{source.name}].filter.quality_model needs the recipe's quality_classifier section")
+    resolved, lists = resolved_filter(recipe, source)
+    reads = {"documents": raw_crawl_key(source.name), **({"model": CLASSIFIER_KEY} if uses_model else {})}
+
+    def build(inputs: Inputs, out_dir: Path) -> dict:
+        work = inputs.work
+        files = inputs.outputs["documents"].download(inputs.store, work / "input")
+        model_path = None
+        if uses_model:
+            model_path = inputs.outputs["model"].download(inputs.store, work / "model", pattern_prefix=MODEL_FILE)[0]
+        steps = filter_pipeline(resolved, input_dir=work / "input", output_dir=out_dir,
+                                lists_root=Path("/"), model_path=model_path)  # list paths are absolute
+        started = time.perf_counter()
+        executor = inputs.resources.executor
+        stats_path = executor.run(steps, logging_dir=work / "logs", tasks=min(source.filter.tasks, max(1, len(files))))
+        seconds = time.perf_counter() - started
+        counts = filter_counts(stats_path.parent)
+        written = [{"path": p.name, "records": _count_lines(p)} for p in sorted(out_dir.glob("*.jsonl.gz"))]
+        kept = sum(f["records"] for f in written if f["path"].startswith("part-"))
+        assert kept == counts["kept"], f"{kept} documents written but the writer counted {counts['kept']}"
+        return {"files": written, "counts": counts, "seconds": round(seconds, 3)}
+
+    def checks(inputs: Inputs, output: Output) -> list:
+        return [documents_check(inputs.store, {source.name: output.files()}, {source.name: source.filter})]
+
+    def metadata(inputs: Inputs, output: Output) -> dict:
+        manifest = output.manifest
+        counts = manifest["counts"]
+        return {
+            "documents_in": counts["in"],
+            "documents": counts["kept"],
+            "dropped": sum(counts["dropped"].values()),
+            "dropped_by_reason": MetadataValue.json(counts["dropped"]),
+            "drop_table": MetadataValue.md(_drop_table(counts)),
+            "drops_plot": bar_chart({"kept": counts["kept"], **counts["dropped"]},
+                                    title=f"{source.name}: kept and dropped by reason", ylabel="documents"),
+            **_language_metadata(inputs.store, output.files(), source),
+            "pii_replaced": MetadataValue.json(counts["pii"]),
+            "rejected_files": MetadataValue.json([f["path"] for f in manifest["files"] if f["path"].startswith("rejected-")]),
+            # Of the run that computed this output (a reused output keeps its original figure).
+            "docs_per_second": round(counts["in"] / manifest["seconds"], 1) if manifest.get("seconds") else 0.0,
+        }
+
+    return output_asset(OutputSpec(
+        key=key, group="curation", stage="filtered", implementation=FILTERED_IMPLEMENTATION,
+        # The lists' contents, not just their names: editing a blocklist makes the source's filtered asset stale.
+        section={**source.filtered_section(), "lists": lists},
+        description=(
+            f"Source `{source.name}` filtered: URL blocklists, language ID, quality rules, PII scrubbing, as the "
+            f"recipe's `sources[{source.name}].filter` says. Dropped documents are kept aside with their reason."
+        ),
+        reads=reads, build=build, metadata=metadata,
+        # On the committed output, read back from the store: a reused output is checked as well.
+        checks=checks, check_specs=[documents_check_spec(key)],
+        resources=frozenset({"executor"}), out_name="output",
+    ))
+
+
+def _count_lines(path: Path) -> int:
+    with gzip.open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
+def _language_metadata(store, parts: list[str], source: SourceConfig) -> dict:
+    """The kept documents' languages (metadata.language, set by language ID), when the source's filter has it."""
+    if source.filter.language is None:
+        return {}
+    languages = Counter(doc.get("metadata", {}).get("language", "?") for doc in read_documents(store, parts))
+    ordered = dict(languages.most_common())
+    return {
+        "languages": count_table(ordered, key="language", value="documents"),
+        "languages_plot": bar_chart(ordered, title=f"{source.name}: kept documents by language", ylabel="documents"),
+    }
+
+
+def _drop_table(counts: dict) -> str:
+    rows = sorted(counts["dropped"].items(), key=lambda item: (-item[1], item[0]))
+    lines = ["| reason | documents |", "|---|---|", *[f"| {reason} | {n} |" for reason, n in rows]]
+    lines.append(f"| **kept** | {counts['kept']} of {counts['in']} |")
+    return "\n".join(lines)

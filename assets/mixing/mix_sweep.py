@@ -1,0 +1,82 @@
+"""`mixing/mix_sweep` (one partition per candidate mixture): trains the proxy model (training.main with
+mixing.proxy merged over it) on one candidate's mixture of the packed sources through the launcher resource;
+records each domain's validation loss and the target loss."""
+
+from pathlib import Path
+
+from dagster import AutomationCondition, Failure, MetadataValue
+
+from assets.core.factory import Inputs, OutputSpec, output_asset
+from assets.core.upstream import Output
+from assets.mixing.section import (
+    CANDIDATES,
+    MIXING_IMPLEMENTATION,
+    candidates_key,
+    mixing_section,
+    proxy_launch,
+    proxy_settings,
+    read_result,
+    sweep_key,
+    write_result,
+)
+from assets.plots import bar_chart
+from assets.recipe import Recipe
+from assets.training.inputs import packed_keys, training_inputs
+
+
+def mix_sweep_asset(recipe: Recipe):
+    sources = sorted(recipe.mixing.prior)
+    launch = proxy_launch(recipe).overrides()
+    target_name = recipe.mixing.target
+
+    def prepare(inputs: Inputs) -> Inputs:
+        name = inputs.context.partition_key
+        candidates = read_result(inputs.store, inputs.read(candidates_key()).prefix)["candidates"]
+        if name not in candidates:
+            raise Failure(description=f"partition {name} is not a candidate of the current recipe's mixing section "
+                                      f"(candidates: {', '.join(sorted(candidates))}); it is left from an older sweep")
+        found = training_inputs(inputs.context, inputs.store, inputs.resources.scratch, sources)
+        return inputs.but(upstream=found.upstream, fingerprints=[name], manifest={"lineage": found.lineage},
+                          extra={"name": name, "weights": candidates[name], "training": found})
+
+    def build(inputs: Inputs, out_dir: Path) -> dict:
+        name, weights, found, work = inputs.extra["name"], inputs.extra["weights"], inputs.extra["training"], inputs.work
+        run = {**proxy_settings(recipe), "stage": f"proxy-{name}", "output_dir": str(work / "out"),
+               "data": {"shards": {k: str(v) for k, v in found.folders.items()}, "weights": weights},
+               "tokenizer_sha256": found.tokenizer_sha256, "lineage": found.lineage}
+        result = inputs.resources.launcher.launch(inputs.context, run, work, settings=launch)
+        val = result.summary.get("val_loss") or {}
+        if not val or (target_name != "average" and target_name not in val):
+            raise Failure(description=f"the proxy run reported validation loss for {sorted(val)}: nothing for the "
+                                      f"target ({target_name}); does that source hold out any document?")
+        if set(val) != set(sources):
+            inputs.log.warning(f"no held-out documents for {sorted(set(sources) - set(val))}: the average "
+                               f"is over {sorted(val)}")
+        target = sum(val.values()) / len(val) if target_name == "average" else val[target_name]
+        precision = result.events("precision")
+        write_result(out_dir, {"mixture": name, "weights": weights, "val_loss": val, "target_loss": target,
+                               "target": target_name, "tokens": result.summary.get("tokens"),
+                               "losses": result.summary.get("losses"),
+                               "precision": precision[-1]["dtype"] if precision else None})
+        return {}
+
+    def metadata(inputs: Inputs, output: Output) -> dict:
+        payload = read_result(inputs.store, output.prefix)
+        return {
+            "target_loss": payload["target_loss"], "val_loss": MetadataValue.json(payload["val_loss"]),
+            "weights": MetadataValue.json(payload["weights"]), "precision": payload.get("precision") or "unknown",
+            "weights_plot": bar_chart(payload["weights"], title=f"mixture {inputs.extra['name']}", ylabel="weight"),
+            "val_loss_plot": bar_chart(payload["val_loss"], title="validation loss per domain", ylabel="loss"),
+        }
+
+    return output_asset(OutputSpec(
+        key=sweep_key(), group="mixing", stage="mix_sweep", implementation=MIXING_IMPLEMENTATION,
+        section=mixing_section(recipe),
+        description=("One proxy run per candidate mixture (a partition): the proxy model (training.main with "
+                     "mixing.proxy over it) trained on that mixture of the packed sources; records each domain's "
+                     f"validation loss and the target ({target_name}). Driven by `mixing` and `training`."),
+        deps=[candidates_key(), *packed_keys(sources)], prepare=prepare, build=build, metadata=metadata,
+        resources=frozenset({"launcher"}), out_name="result",
+        asset_args={"partitions_def": CANDIDATES, "automation_condition": AutomationCondition.eager(),
+                    "metadata": {"launch": MetadataValue.json(launch)}},  # over the launcher resource's defaults
+    ))

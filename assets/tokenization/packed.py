@@ -1,0 +1,90 @@
+"""`tokenization/<source>/packed`: the source's documents encoded with the tokenizer, EOS after each, as flat
+train / val token streams with document offsets (pipelines/tokenize.py). The manifest's "packing" section is
+what trainer/data.py opens, and its "counts" give tokens and documents per split.
+"""
+
+import dataclasses
+from pathlib import Path
+from typing import Callable
+
+from dagster import AssetKey
+from tokenizers import Tokenizer
+
+from assets.core.factory import Inputs, OutputSpec, output_asset
+from assets.core.upstream import Output
+from assets.plots import bar_chart
+from assets.recipe import Recipe
+from assets.tokenization.tokenizer import TOKENIZER_FILE, documents, tokenizer_key
+from pipelines.tokenize import pack_documents
+
+# Bump when the code changes what it writes for the same settings.
+PACKED_IMPLEMENTATION = "v1"
+# Settings that change how the work is done but never its output (packing is batch-size independent).
+PACKING_FIELDS_NOT_VERSIONED = ("batch_documents", "batch_bytes")
+
+
+def packed_key(source_name: str) -> AssetKey:
+    return AssetKey(["tokenization", source_name, "packed"])
+
+
+def packed_section(recipe: Recipe, source_name: str) -> dict:
+    settings = dataclasses.asdict(recipe.packing)
+    for name in PACKING_FIELDS_NOT_VERSIONED:
+        settings.pop(name)
+    return {"source": source_name, "packing": settings}
+
+
+def packed_asset(recipe: Recipe, source_name: str, upstream_key: Callable[[str], AssetKey]):
+    documents_key = upstream_key(source_name)
+
+    def build(inputs: Inputs, out_dir: Path) -> dict:
+        tokenizer = inputs.outputs["tokenizer"]
+        info = tokenizer.manifest["tokenizer"]
+        [tokenizer_file] = tokenizer.download(inputs.store, inputs.work / "tokenizer", TOKENIZER_FILE)
+        built = Tokenizer.from_file(str(tokenizer_file))
+        parts = inputs.outputs["documents"].download(inputs.store, inputs.work / "in")
+        inputs.log.info(f"packing {len(parts)} part(s) of {source_name} in {inputs.work}")
+        try:
+            stats = pack_documents(documents(parts), built, eos_id=info["eos_id"], out_dir=out_dir, config=recipe.packing)
+        except ValueError as exc:
+            raise ValueError(f"source {source_name!r}: {exc}") from exc
+        return {"tokenizer": {"sha256": info["sha256"], "vocab_size": info["vocab_size"]},
+                "packing": stats.manifest_section(), "counts": stats.counts()}
+
+    def metadata(inputs: Inputs, output: Output) -> dict:
+        counts = output.manifest["counts"]
+        return {
+            "tokens_train": counts["train"]["tokens"],
+            "tokens_val": counts["val"]["tokens"],
+            "documents_train": counts["train"]["documents"],
+            "documents_val": counts["val"]["documents"],
+            "dtype": output.manifest["packing"]["dtype"],
+            "tokens_per_source_plot": _tokens_per_source(inputs.context.instance, recipe, source_name, counts),
+            "tokenizer_sha256": output.manifest["tokenizer"]["sha256"],
+        }
+
+    return output_asset(OutputSpec(
+        key=packed_key(source_name), group="tokenization", stage="packed", implementation=PACKED_IMPLEMENTATION,
+        section=packed_section(recipe, source_name),
+        description=(
+            f"Source `{source_name}` tokenized: flat train/val token streams (EOS after every document) and "
+            f"document offsets, {recipe.packing.val_fraction:.1%} of documents held out by a hash of their id. "
+            f"Reads {documents_key.to_user_string()}; driven by the recipe's `packing` section."
+        ),
+        reads={"tokenizer": tokenizer_key(), "documents": documents_key}, build=build, metadata=metadata,
+        failures=(ValueError,),  # documents the packer refuses (named by source)
+    ))
+
+
+def _tokens_per_source(instance, recipe: Recipe, source_name: str, counts: dict):
+    """Train tokens of this source beside every other source's latest packed output (the picture is whole once
+    the last source is packed; a source not packed yet shows 0)."""
+    tokens = {}
+    for source in recipe.sources:
+        if source.name == source_name:
+            tokens[source.name] = counts["train"]["tokens"]
+            continue
+        event = instance.get_latest_materialization_event(packed_key(source.name))
+        entry = event.asset_materialization.metadata.get("tokens_train") if event else None
+        tokens[source.name] = entry.value if entry is not None else 0
+    return bar_chart(tokens, title="train tokens per source (latest packed outputs)", ylabel="tokens")

@@ -1,0 +1,115 @@
+"""`tokenization/tokenizer`: a byte-level BPE trained on a deterministic sample of every source's documents, or
+the tokenizer.json the recipe names (`tokenizer.path`), with EOS and PAD. Output: tokenizer.json; the manifest
+records its sha256, the special tokens and their ids.
+"""
+
+import dataclasses
+import hashlib
+from pathlib import Path
+from typing import Callable, Iterator
+
+from dagster import AssetKey
+
+from assets.core.factory import Inputs, OutputSpec, output_asset
+from assets.core.upstream import Output
+from assets.core.versioning import file_fingerprints
+from assets.recipe import Recipe
+from pipelines.ingest import iter_documents
+from pipelines.tokenize import adopt_tokenizer, round_trip_failures, sample_texts, special_ids, train_tokenizer
+
+# Bump when the code changes what it writes for the same settings.
+TOKENIZER_IMPLEMENTATION = "v1"
+TOKENIZER_FILE = "tokenizer.json"
+ROUND_TRIP_CHECKED = 1000  # sampled documents a trained tokenizer must encode and decode back exactly
+
+
+def tokenizer_key() -> AssetKey:
+    return AssetKey(["tokenization", "tokenizer"])
+
+
+def tokenizer_path(recipe: Recipe) -> Path | None:
+    """The tokenizer.json to adopt, resolved against the recipe's base_dir; None to train one."""
+    if recipe.tokenizer.path is None:
+        return None
+    path = Path(recipe.tokenizer.path).expanduser()
+    return path if path.is_absolute() else recipe.input_root / path
+
+
+def tokenizer_section(recipe: Recipe) -> dict:
+    settings = dataclasses.asdict(recipe.tokenizer)
+    if recipe.tokenizer.path is not None:
+        # Adopted: only the file and the special tokens matter (the file's fingerprint goes in the version key).
+        return {"path": settings["path"], "eos": settings["eos"], "pad": settings["pad"]}
+    return {"tokenizer": settings, "sources": [source.name for source in recipe.sources]}
+
+
+def tokenizer_asset(recipe: Recipe, upstream_key: Callable[[str], AssetKey]):
+    config = recipe.tokenizer
+    adopt = tokenizer_path(recipe)
+    how = (
+        f"adopted from {config.path}"
+        if adopt
+        else f"a byte-level BPE of {config.vocab_size} tokens trained on {config.sample_bytes:,} bytes sampled from every source"
+    )
+
+    def prepare(inputs: Inputs) -> Inputs:
+        return inputs.but(fingerprints=file_fingerprints([adopt]) if adopt else None,
+                          manifest={"inputs": [str(adopt)] if adopt else []})
+
+    def build(inputs: Inputs, out_dir: Path) -> dict:
+        if adopt:
+            built = adopt_tokenizer(adopt, config)
+            sampled = checked = 0
+        else:
+            parts = {name: out.download(inputs.store, inputs.work / "in" / name) for name, out in inputs.outputs.items()}
+            texts = sample_texts({name: documents(paths) for name, paths in parts.items()}, config)
+            sampled = sum(len(t.encode("utf-8")) for t in texts)
+            inputs.log.info(f"training a {config.vocab_size}-token BPE on {len(texts)} texts, {sampled:,} bytes")
+            built = train_tokenizer(texts, config)
+            # Spread over the sample, which lists the sources one after another.
+            check = texts[:: max(1, len(texts) // ROUND_TRIP_CHECKED)][:ROUND_TRIP_CHECKED]
+            failures = round_trip_failures(built, check)
+            if failures:
+                raise ValueError(f"{len(failures)} of {len(check)} sampled documents do not decode back exactly")
+            checked = len(check)
+        ids = special_ids(built, config)
+        built.save(str(out_dir / TOKENIZER_FILE))
+        return {
+            "tokenizer": {
+                "sha256": hashlib.sha256((out_dir / TOKENIZER_FILE).read_bytes()).hexdigest(),
+                "vocab_size": built.get_vocab_size(with_added_tokens=True),
+                "eos": config.eos,
+                "eos_id": ids["eos"],
+                "pad": config.pad,
+                "pad_id": ids["pad"],
+                "adopted": adopt is not None,
+            },
+            "counts": {"sample_bytes": sampled, "round_trip_documents": checked},
+        }
+
+    def metadata(inputs: Inputs, output: Output) -> dict:
+        info, counts = output.manifest["tokenizer"], output.manifest["counts"]
+        return {
+            "tokenizer_sha256": info["sha256"],
+            "vocab_size": info["vocab_size"],
+            "eos_id": info["eos_id"],
+            "pad_id": info["pad_id"],
+            "sample_bytes": counts["sample_bytes"],
+            "round_trip_documents": counts["round_trip_documents"],
+        }
+
+    return output_asset(OutputSpec(
+        key=tokenizer_key(), group="tokenization", stage="tokenizer", implementation=TOKENIZER_IMPLEMENTATION,
+        section=tokenizer_section(recipe),
+        description=f"The tokenizer: {how}; EOS {config.eos!r}, PAD {config.pad!r}. Driven by the recipe's `tokenizer` section.",
+        # An adopted tokenizer does not depend on the documents; a trained one samples every source.
+        reads={} if adopt else {source.name: upstream_key(source.name) for source in recipe.sources},
+        prepare=prepare, build=build, metadata=metadata,
+        failures=(ValueError,),  # a tokenizer that cannot be adopted or does not round-trip
+    ))
+
+
+def documents(paths: list[Path]) -> Iterator[dict]:
+    """The documents of local part files, in order."""
+    for path in paths:
+        yield from iter_documents(path)
