@@ -1,0 +1,55 @@
+"""mixture_weights records the digest of its own recipe section (the mixing settings without the proxy), with the
+sweep's results faked in the store, so no proxy model is trained."""
+
+import hashlib
+import json
+
+import pytest
+import yaml
+from dagster import AssetMaterialization, DagsterInstance, materialize
+
+from assets.mixing.mix_candidates import mix_candidates_asset
+from assets.mixing.mixture_weights import mixture_weights_asset
+from assets.mixing.section import RESULT_FILE, candidates_key, sweep_key, weights_key
+from assets.recipe import DEMO_RECIPE, load_recipe
+from resources.scratch import ScratchResource
+from resources.store_resource import StoreResource
+from storage.local import LocalStore
+from storage.manifest import MANIFEST, commit_folder
+
+
+@pytest.mark.slow  # ~2-10 s: two materializations in an ephemeral instance
+def test_mixture_weights_records_the_sha256_of_its_recipe_section(tmp_path):
+    raw = yaml.safe_load(DEMO_RECIPE.read_text())
+    raw["base_dir"] = str((DEMO_RECIPE.parent / raw["base_dir"]).resolve())
+    raw["mixing"] = {"prior": {"web": 0.5, "code": 0.5}, "candidates": 3, "concentration": 4.0, "seed": 7,
+                     "target": "average", "proxy": {"train_tokens": 4096}, "schedule": "0 3 * * 0"}
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    recipe = load_recipe(path)
+    instance = DagsterInstance.ephemeral()
+    resources = {"store": StoreResource(url=str(tmp_path / "store")), "scratch": ScratchResource(root=str(tmp_path / "work"))}
+    store = LocalStore(tmp_path / "store")
+
+    assert materialize([mix_candidates_asset(recipe)], resources=resources, instance=instance).success
+    [event] = instance.fetch_materializations(candidates_key(), limit=1).records
+    candidates = json.loads(store.get_bytes(f"{event.asset_materialization.metadata['prefix'].value}/{RESULT_FILE}"))
+    for i, (name, weights) in enumerate(sorted(candidates["candidates"].items())):  # what each proxy run would leave
+        folder = tmp_path / "swept" / name
+        folder.mkdir(parents=True)
+        (folder / RESULT_FILE).write_text(json.dumps({"mixture": name, "weights": weights, "target_loss": 3.0 + i / 10}))
+        commit_folder(store, f"mixing/mix_sweep/{name}/fake", folder, {"asset": "mixing/mix_sweep"})
+        instance.report_runless_asset_event(AssetMaterialization(sweep_key(), partition=name,
+                                                                 metadata={"prefix": f"mixing/mix_sweep/{name}/fake"}))
+    instance.add_dynamic_partitions("mix_candidates", list(candidates["candidates"]))
+
+    assert materialize([mixture_weights_asset(recipe)], resources=resources, instance=instance).success
+    [event] = instance.fetch_materializations(weights_key(), limit=1).records
+    manifest = json.loads(store.get_bytes(f"{event.asset_materialization.metadata['prefix'].value}/{MANIFEST}"))
+    # The section as the recipe states it: every mixing setting but the proxy (which only the sweep reads), when
+    # the sweep reruns (schedule, status) and nothing the fitted model holds.
+    section = {"prior": {"web": 0.5, "code": 0.5}, "candidates": 3, "concentration": 4.0, "seed": 7, "target": "average"}
+    digest = hashlib.sha256(json.dumps(section, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    assert manifest["recipe_section_sha256"] == digest
+    assert manifest["code_version"] == f"mixture_weights:v1:{digest[:12]}"
+    instance.dispose()
