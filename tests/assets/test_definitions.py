@@ -1,10 +1,12 @@
 """The real `defs` that workspace.yaml serves loads, with one raw_crawl asset per demo source."""
 
+import copy
 import importlib
 
 from dagster import AssetKey, Definitions
 
 from assets.recipe import DEMO_RECIPE, load_recipe
+from tests.assets.test_recipe import write_recipe
 
 
 def test_real_defs_load():
@@ -25,12 +27,31 @@ def test_real_defs_load():
         assert node.description
 
 
-def test_code_versions_differ_per_source_and_follow_the_section():
+def _code_versions(recipe_path) -> dict[str, str]:
     from assets.definitions import build_defs
 
-    recipe = load_recipe(DEMO_RECIPE)
-    versions = {k: build_defs(recipe).resolve_asset_graph().get(k).code_version for k in build_defs(recipe).resolve_all_asset_keys()}
+    graph = build_defs(load_recipe(recipe_path)).resolve_asset_graph()
+    return {k.to_user_string(): graph.get(k).code_version for k in graph.get_all_asset_keys()}
+
+
+def test_code_versions_differ_per_source_and_follow_the_section(tmp_path):
+    versions = _code_versions(DEMO_RECIPE)
     assert len(set(versions.values())) == len(versions)
+
+    def stricter_web_filter(raw):
+        [web] = [s for s in raw["sources"] if s["name"] == "web"]
+        web["filter"] = copy.deepcopy(web["filter"])  # the demo's YAML shares it with cc and cc_wet (an anchor)
+        web["filter"]["gopher_quality"]["max_non_alpha_words_ratio"] = 0.5
+
+    (tmp_path / "same").mkdir()
+    (tmp_path / "changed").mkdir()
+    before = _code_versions(write_recipe(tmp_path / "same", lambda raw: None))
+    after = _code_versions(write_recipe(tmp_path / "changed", stricter_web_filter))
+    assert before == versions  # a copy of the recipe elsewhere is the same recipe
+    # Exactly the asset that reads sources[web].filter: everything downstream of it goes stale through its data
+    # version (its version key includes the upstream data versions), not through its own code version.
+    assert {k for k in versions if before[k] != after[k]} == {"curation/web/filtered"}
+    assert after["curation/web/filtered"].startswith("filtered:v1:")
 
 
 def test_workspace_yaml_points_at_defs():
