@@ -5,6 +5,7 @@ One long test on purpose: materializing the demo takes the time, the checks afte
 
 import json
 
+import pytest
 import yaml
 from dagster import AssetKey, DagsterInstance
 
@@ -54,6 +55,7 @@ def shorter_training(raw):
     raw["evaluation"]["limit"] = 10
 
 
+@pytest.mark.slow  # materializes assets through the CLI
 def test_one_changed_source_is_exactly_what_is_stale_and_rematerialized(tmp_path, monkeypatch, capsys):
     recipe = tmp_path / "recipe.yaml"
     write_demo_copy(recipe, shorter_training)
@@ -119,6 +121,7 @@ def test_cli_errors_go_to_stderr_with_nonzero_status(tmp_path, monkeypatch, caps
     assert "matches no asset" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # materializes assets through the CLI
 def test_assets_write_to_s3_and_the_cli_reads_back(tmp_path, monkeypatch, capsys, s3):
     """The same asset code on the S3 backend: PRETRAIN_STORE names the bucket, nothing else changes."""
     recipe = tmp_path / "recipe.yaml"
@@ -144,6 +147,7 @@ def test_assets_write_to_s3_and_the_cli_reads_back(tmp_path, monkeypatch, capsys
     assert len(docs) == 2 and all(doc["metadata"]["source"] == "code" for doc in docs)
 
 
+@pytest.mark.slow  # materializes assets through the CLI
 def test_a_source_past_its_bad_fraction_fails_and_commits_nothing(tmp_path, monkeypatch, capsys, shared_data):
     """Corrupt records beyond the recipe's threshold fail the asset with the source named; nothing is committed."""
     import gzip

@@ -4,6 +4,7 @@ Overlap is read from the Dagster event log (each step's STEP_START and STEP_SUCC
 wall-clock figure.
 """
 
+import pytest
 import yaml
 from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
 
@@ -33,6 +34,7 @@ def step_intervals(instance) -> dict[str, tuple[float, float, object]]:
     return steps
 
 
+@pytest.mark.slow  # materializes assets through the CLI
 def test_independent_steps_run_at_the_same_time(tmp_path, monkeypatch, capsys):
     recipe = tmp_path / "recipe.yaml"
     demo_sources(recipe, {"c4", "code"})
@@ -69,6 +71,7 @@ def test_independent_steps_run_at_the_same_time(tmp_path, monkeypatch, capsys):
     assert THREADS_TAG not in dedup[2].tags
 
 
+@pytest.mark.slow  # materializes assets through the CLI
 def test_a_failed_step_fails_the_command_and_what_does_not_depend_on_it_still_runs(tmp_path, monkeypatch, capsys, shared_data):
     import gzip
 

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import yaml
 from dagster import AssetKey, DagsterInstance
 
@@ -26,6 +27,7 @@ def write_recipe(path, max_non_alpha: float):
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
 
 
+@pytest.mark.slow  # materializes assets through the CLI
 def test_lineage_walks_back_to_raw_by_data_version(tmp_path, monkeypatch, capsys):
     recipe = tmp_path / "recipe.yaml"
     monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))

@@ -112,6 +112,7 @@ def last_run_status():
     return DagsterInstance.get().get_runs(limit=1)[0].status
 
 
+@pytest.mark.slow  # materializes assets through the CLI
 def test_a_surviving_benchmark_ngram_fails_the_blocking_check_and_nothing_is_packed(tmp_path, monkeypatch, shared_data):
     source_file = tmp_path / "pages.jsonl"
     write_source(source_file, shared_data)

@@ -13,6 +13,7 @@ import random
 
 import numpy as np
 import orjson
+import pytest
 import yaml
 from dagster import AssetCheckKey, AssetKey, DagsterInstance
 from tokenizers import Tokenizer
@@ -93,6 +94,7 @@ def read_docs(store_root, prefix, pattern="part-*.jsonl.gz") -> dict[str, dict]:
     return docs
 
 
+@pytest.mark.slow  # materializes assets through the CLI
 def test_a_clean_document_survives_every_stage_unchanged(tmp_path, monkeypatch, shared_data, pretrain_home):
     source_file = tmp_path / "pages.jsonl"
     facts = write_source(source_file, shared_data)

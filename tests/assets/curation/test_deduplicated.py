@@ -133,6 +133,7 @@ def test_dedup_and_decontamination_assets_end_to_end(tmp_path, monkeypatch, caps
     assert metadata("curation/deduplicated")["version_key"] != dedup["version_key"]
 
 
+@pytest.mark.slow  # materializes assets through the CLI
 def test_the_stages_write_nested_source_parts_to_s3(tmp_path, monkeypatch, capsys, s3, shared_data):
     """deduplicated keeps one folder per source (`c4/part-00000.jsonl.gz`); the same code on the S3 backend."""
     mirror = tmp_path / "mirror.jsonl"

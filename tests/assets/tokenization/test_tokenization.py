@@ -111,6 +111,7 @@ def test_tokenizer_and_packed_shards_from_two_sources(tmp_path, monkeypatch, cap
     assert len(instance.fetch_materializations(AssetKey(["tokenization", "tokenizer"]), limit=10).records) == 2
 
 
+@pytest.mark.slow  # materializes assets through the CLI
 def test_an_adopted_tokenizer_needs_no_documents(tmp_path, monkeypatch, capsys):
     recipe = tmp_path / "recipe.yaml"
     write_recipe(recipe, tokenizer={"path": "tokenizers/gpt2/tokenizer.json"})
