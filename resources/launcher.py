@@ -54,7 +54,7 @@ from dagster import (
 )
 
 from resources.slurm import SlurmConfig, pipes_files, srun_command
-from trainer.rank_checks import DRAIN_ENV, DRAIN_EXIT  # plain constants: the launcher never imports torch
+from trainer.exits import DRAIN_ENV, DRAIN_EXIT  # torch-free (trainer/exits.py): the launcher never imports torch
 
 
 @dataclass

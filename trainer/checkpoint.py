@@ -4,8 +4,14 @@
     point = ckpt.find_resume()               # newest verified local step, else remote (downloaded); or None
     ckpt.check_batch(point, cfg)             # a changed global batch is refused unless allowed
     ... build the DeepSpeed engine, with load_universal=ckpt.needs_universal(point) ...
-    ckpt.restore(trainer, point)             # engine shards (resharded when the world size changed), state, RNG
+    ckpt.restore(point, trainer)             # the TrainModule's DeepSpeed shards (resharded when the world
+                                             # size changed), each named state, this rank's RNG
     if ckpt.due(step): ckpt.save(trainer)    # every rank calls it; rank 0 commits, uploads, retains
+
+What is saved and restored comes from `trainer.checkpoint_contents()` (Contents): the TrainModule
+(trainer.train_module: it snapshots and loads DeepSpeed's files), the named objects with state_dict() /
+load_state_dict() that trainer.json holds (the loop state, the spike guard, the SDC and canary checks)
+and the run's part of the manifest. The checkpointer knows no other field of the trainer.
 
 save() only copies the state in memory (trainer.async_save): each rank's writer thread writes its files
 into step-<N>.partial and marks them written; rank 0's commit thread waits for every rank's mark, then
@@ -20,7 +26,8 @@ A step folder (<local_dir>/step-<N:08d>/, committed by trainer.checkpoint_store)
                                bf16, each rank's optimizer shard (*zero_pp_rank_<r>_mp_rank_00_optim_states.pt)
     zero_to_fp32.py ...        DeepSpeed's scripts to turn the shards into full weights
     rank-<r:05d>.pt            each rank: its RNG states (python `random`, numpy, torch CPU, CUDA if any)
-    trainer.json               rank 0: TrainState (step, tokens, sample_index, skip windows) and the spike guard
+    trainer.json               rank 0: {name: state_dict()} of the named states: "train" (step, tokens,
+                               sample_index, skip windows), "guard", "sdc", "canary"
     manifest.json              written last: step, tokens, world_size, global_batch, data_position, the
                                resolved config, tokenizer_sha256, lineage, skip_windows, files with sha256
 
@@ -42,38 +49,53 @@ import os
 import random
 import shutil
 import time
-from argparse import Namespace
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
 import torch
 import torch.distributed as torch_dist
 
-from trainer.async_save import (BackgroundWriter, SnapshotEngine, mark_failed, mark_written, state_bytes,
+from trainer.async_save import (BackgroundWriter, mark_failed, mark_written, state_bytes,
                                 wait_written, write_files)
-from trainer.checkpoint_store import (CorruptCheckpoint, LocalCheckpoints, RemoteCheckpoints, ResumePoint, Uploader,
-                                      find_resume)
+from trainer.checkpoint_store import CorruptCheckpoint, LocalCheckpoints, RemoteCheckpoints, ResumePoint, find_resume
 from trainer.config import CheckpointConfig, RunConfig
+from trainer.exits import TrainerExit
 from trainer.planner import young_checkpoint_interval
+from trainer.train_module import to_universal
+from trainer.uploader import Uploader
 
 if TYPE_CHECKING:
     from trainer.engine import Dist
-    from trainer.train import Trainer
+    from trainer.train_module import TrainModule
 
 DS_TAG = "ds"  # DeepSpeed's files go to <step folder>/ds/
 TRAINER_FILE = "trainer.json"
 FIRST_AUTO_SAVE_STEPS = 100  # Young's rule needs a measured save time: the first save comes after this many steps
-# Test hook (the kill-mid-save test): seconds every rank's background writer sleeps after writing DeepSpeed's
-# shards and before the RNG file, the trainer state and its done marker, so a kill lands while
-# step-<N>.partial holds shards but cannot yet be committed.
-SAVE_DELAY_ENV = "PRETRAIN_TEST_SAVE_DELAY_S"
 
 
-class ResumeRefused(ValueError):
+@dataclass
+class Contents:
+    """What one checkpoint holds, as the trainer hands it over."""
+
+    step: int
+    module: TrainModule  # DeepSpeed's files: snapshot() / load()
+    states: dict  # name -> an object with state_dict() / load_state_dict(): trainer.json
+    header: dict  # the run's part of the manifest (tokens, data_position, config, precision, ...)
+    seed: int  # a rank the saving world did not have seeds its RNG from (seed, step, rank)
+
+
+class Checkpointable(Protocol):
+    def checkpoint_contents(self) -> Contents: ...
+
+
+class ResumeRefused(TrainerExit, ValueError):
     """The checkpoint cannot continue this run as configured (the message names the field)."""
+
+    kind = "config"
 
 
 def saved_precision(manifest: dict) -> dict | None:
@@ -118,19 +140,6 @@ def seed_rng(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def to_universal(ds_folder: Path, out_folder: Path) -> None:
-    """DeepSpeed's universal checkpoint of one step's shards (ZeRO 1-3 with bf16): per-parameter fp32
-    weights and Adam moments that any world size can load."""
-    from deepspeed.checkpoint import ds_to_universal
-
-    if out_folder.exists():
-        shutil.rmtree(out_folder)
-    # One worker: a process pool forked from a trainer that holds a process group is asking for trouble.
-    args = Namespace(input_folder=str(ds_folder), output_folder=str(out_folder), num_extract_workers=1,
-                     num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=True)
-    ds_to_universal.main(args)
 
 
 class Checkpointer:
@@ -233,38 +242,32 @@ class Checkpointer:
 
     # -- restoring -------------------------------------------------------------------------------
 
-    def restore(self, trainer: Trainer, point: ResumePoint, *, universal: bool = False) -> None:
-        """Load the step into `trainer` (its engine freshly built), then its loop state and this rank's RNG."""
-        engine = trainer.engine
+    def restore(self, point: ResumePoint, source: Checkpointable, *, universal: bool = False) -> None:
+        """Load the step into the source's module (its engine freshly built), then each named state and this
+        rank's RNG."""
+        contents = source.checkpoint_contents()
+        module = contents.module
         self._wait_writes()  # nothing of this process is still being written when the state changes under it
         if universal:
             scratch = self.local.root / f".universal-{point.path.name}"
             if self.rank == 0:
                 to_universal(point.path / DS_TAG, scratch / DS_TAG)
             self._barrier()
-            hyper = [{k: v for k, v in g.items() if k != "params"} for g in trainer.optimizer.param_groups]
-            engine.load_checkpoint(str(scratch), tag=DS_TAG, load_lr_scheduler_states=False)
-            # DeepSpeed 0.19.8's ZeRO-3 universal load (stage3.load_hp_checkpoint_state_from_checkpoint_dir_stage3)
-            # gives every param group group 0's hyperparameters (weight decay on the norm gains) and one
-            # shared `step` tensor to all groups (so Adam's step advances once per group): undo both.
-            for group, saved in zip(trainer.optimizer.param_groups, hyper):
-                group.update(saved)
-            for state in trainer.optimizer.state.values():
-                if torch.is_tensor(state.get("step")):
-                    state["step"] = state["step"].clone()
+            module.load(scratch, DS_TAG, universal=True)
             self._barrier()
             if self.rank == 0:
                 shutil.rmtree(scratch, ignore_errors=True)
         else:
-            path, _ = engine.load_checkpoint(str(point.path), tag=DS_TAG, load_lr_scheduler_states=False)
-            if path is None:
-                raise CorruptCheckpoint(f"DeepSpeed found no checkpoint in {point.path / DS_TAG}")
-        trainer.load_state_dict(json.loads((point.path / TRAINER_FILE).read_text()))
+            module.load(point.path, DS_TAG)
+        saved = json.loads((point.path / TRAINER_FILE).read_text())
+        for name, obj in contents.states.items():
+            # A state newer than the checkpoint (the SDC check, say) starts from {}: it takes its defaults.
+            obj.load_state_dict(saved[name] if name in ("train", "guard") else saved.get(name, {}))
         own = point.path / rank_file(self.rank)
         if own.is_file():
             set_rng_state(torch.load(own, weights_only=False))
         else:  # a rank the saving world did not have
-            seed_rng(hash((trainer.cfg.seed, point.step, self.rank)) % 2**63)
+            seed_rng(hash((contents.seed, point.step, self.rank)) % 2**63)
         self._mark = None
 
     # -- saving ----------------------------------------------------------------------------------
@@ -285,12 +288,13 @@ class Checkpointer:
             return step % self.interval == 0
         return step >= self._next_save
 
-    def save(self, trainer: Trainer) -> None:
+    def save(self, source: Checkpointable) -> None:
         """Every rank snapshots its state in memory and hands the files to its writer thread; rank 0 queues the
         commit (it waits for every rank's files, then hashes, writes the manifest, renames, hands the step to
         the uploader and applies local retention). The loop waits only for the in-memory copies."""
         t0 = time.perf_counter()
-        st, step = trainer.state, trainer.state.step
+        contents = source.checkpoint_contents()
+        step = contents.step
         # One snapshot in flight per rank: the previous step's files are written before this one is copied.
         self._wait_writes()
         if self.rank == 0:
@@ -301,24 +305,17 @@ class Checkpointer:
         self._barrier()
         if self.rank != 0:
             folder = self.local.staging_dir(step, fresh=False)
-        engine = trainer.engine
-        engine.checkpoint_engine = snapshots = SnapshotEngine.replacing(engine.checkpoint_engine)
-        snapshots.take()  # nothing left over from a save that raised half-way
-        engine.save_checkpoint(str(folder), tag=DS_TAG, save_latest=False)  # DeepSpeed's files, snapshotted
-        shards = snapshots.take()
+        shards, zipfile = contents.module.snapshot(folder, DS_TAG)  # DeepSpeed's files, copied in memory
         rest = [(folder / rank_file(self.rank), rng_state())]
         if self.rank == 0:
-            rest.append((folder / TRAINER_FILE, json.dumps(trainer.state_dict(), indent=1).encode()))
+            trainer_state = {name: obj.state_dict() for name, obj in contents.states.items()}
+            rest.append((folder / TRAINER_FILE, json.dumps(trainer_state, indent=1).encode()))
         nbytes = state_bytes(shards)
-        delay = float(os.environ.get(SAVE_DELAY_ENV, "0") or 0)
-        zipfile = snapshots.zipfile_serialization
         rank = self.rank
 
         def write() -> None:
             try:
                 write_files(shards, zipfile_serialization=zipfile)
-                if delay:
-                    time.sleep(delay)
                 write_files(rest)
                 mark_written(folder, rank)  # the commit on rank 0 waits for this file from every rank
             except BaseException as e:
@@ -329,13 +326,7 @@ class Checkpointer:
             self._writer = BackgroundWriter()
         self._writer.submit(write)
         if self.rank == 0:
-            cfg = trainer.cfg
-            header = {"step": step, "tokens": st.tokens, "world_size": self.world_size,
-                      "global_batch": cfg.batch.global_batch, "data_position": st.sample_index,
-                      "stage": cfg.stage, "run_name": self.cfg.run_name, "zero_stage": cfg.deepspeed.zero_stage,
-                      "precision": trainer.precision.record(),
-                      "config": cfg.to_dict(), "tokenizer_sha256": cfg.tokenizer_sha256,
-                      "lineage": list(cfg.lineage), "skip_windows": [list(w) for w in st.skip_windows]}
+            header = {"step": step, "world_size": self.world_size, "run_name": self.cfg.run_name, **contents.header}
             if self._committer is None:
                 self._committer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-commit")
             self._commit_future = self._committer.submit(self._commit, step, header)

@@ -76,7 +76,7 @@ def deepspeed_config(cfg: RunConfig, world_size: int, *, load_universal: bool = 
         "wall_clock_breakdown": False,
     }
     if load_universal:
-        # A checkpoint written by another number of ranks, converted by trainer.checkpoint.to_universal.
+        # A checkpoint written by another number of ranks, converted by trainer.train_module.to_universal.
         config["checkpoint"] = {"load_universal": True}
     return config
 

@@ -22,10 +22,13 @@ import math
 from dataclasses import dataclass
 
 from trainer.config import GuardConfig
+from trainer.exits import TrainerExit
 
 
-class GuardStop(RuntimeError):
+class GuardStop(TrainerExit, RuntimeError):
     """The guard stops the run; the message says why and what to do."""
+
+    kind = "guard_stop"
 
 
 class RollbackRequested(GuardStop):

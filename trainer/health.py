@@ -1,10 +1,11 @@
 """Per-layer health: weight RMS, activation RMS and gradient norms, with outlier growth flagged.
 
-    probe = GradientProbe(model, faults)     # tensor hooks: this rank's own gradients, before any reduction
+    probe = GradientProbe(model)             # tensor hooks: this rank's own gradients, before any reduction
     probe.start(step) ... forward/backward of the step's micro-batches ... probe.local_norm() / per_layer()
-    health = LayerHealth(cfg.health, model, probe)
-    health.start(step)                       # on a health step: activation hooks record the first micro-batch
-    record, alarms = health.finish(step)     # {"event": "health", "layers": {...}}, [{"event": "health_alarm"}]
+    health = LayerHealth(cfg.health, model)
+    weights = health.start()                 # on a health step: activation hooks record the first micro-batch
+    record, alarms = health.finish(step, weights, probe.per_layer())
+                                             # {"event": "health", "layers": {...}}, [{"event": "health_alarm"}]
 
 Layers: "embedding", "block.<i>" for each transformer block, "head" (final norm and output projection).
 The gradient hooks sit on every parameter, ahead of DeepSpeed's accumulation hooks, so they see this
@@ -28,7 +29,6 @@ import torch
 from torch import nn
 
 from trainer.config import HealthConfig
-from trainer.faults import Faults
 
 
 def layer_of(name: str) -> str:
@@ -51,7 +51,7 @@ def layer_names(model: nn.Module) -> list[str]:
 
 
 class GradientProbe:
-    def __init__(self, model: nn.Module, faults: Faults | None = None):
+    def __init__(self, model: nn.Module):
         self.layers = layer_names(model)
         index = {layer: i for i, layer in enumerate(self.layers)}
         self.device = next(model.parameters()).device
@@ -61,15 +61,9 @@ class GradientProbe:
         self._layer_of: list[int] = []
         self.recording = True
         self.step = 0
-        self.faults = faults
-        first = True
         for name, p in model.named_parameters():
             if not p.requires_grad:
                 continue
-            if first and faults is not None and faults.wants_corruption():
-                # The test's corruption goes in first, so this rank's figures and the all-reduce both see it.
-                p.register_hook(lambda g: self.faults.corrupt_gradient(self.step, g))
-            first = False
             p.register_hook(self._record(index[layer_of(name)]))
 
     def _record(self, i: int):
@@ -106,8 +100,9 @@ class GradientProbe:
 
 
 class LayerHealth:
-    def __init__(self, cfg: HealthConfig, model: nn.Module, probe: GradientProbe, *, zero_stage: int = 0):
-        self.cfg, self.model, self.probe = cfg, model, probe
+    def __init__(self, cfg: HealthConfig, model: nn.Module, *, zero_stage: int = 0):
+        self.cfg, self.model = cfg, model
+        self.layers = layer_names(model)
         self.zero3 = zero_stage == 3
         self.active = False
         self.act: dict[str, float] = {}
@@ -150,12 +145,12 @@ class LayerHealth:
         self.active, self.act = True, {}
         return self.weight_rms()
 
-    def finish(self, step: int, weights: dict[str, float]) -> tuple[dict, list[dict]]:
-        """After the step's backward: the record for the metrics, and the figures flagged for growth."""
+    def finish(self, step: int, weights: dict[str, float], grads: dict[str, float]) -> tuple[dict, list[dict]]:
+        """After the step's backward (`grads`: GradientProbe.per_layer()): the record for the metrics, and the
+        figures flagged for growth."""
         self.active = False
-        grads = self.probe.per_layer()
         layers = {}
-        for layer in self.probe.layers:
+        for layer in self.layers:
             figures = {"weight_rms": weights.get(layer), "act_rms": self.act.get(layer), "grad_norm": grads.get(layer)}
             layers[layer] = {k: v for k, v in figures.items() if v is not None}
         # Growth of each figure over the median of its recent values ...

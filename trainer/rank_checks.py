@@ -26,25 +26,26 @@ import statistics
 from collections import deque
 
 from trainer.config import SDCConfig, StragglerConfig
-
-SDC_EXIT = 5  # trainer/__main__.py's exit status when a rank is stopped for corruption (not restarted)
-DRAIN_EXIT = 6  # ... when the job stops to be restarted without a straggler's node (straggler.drain)
-DRAIN_ENV = "PRETRAIN_LAUNCHER_CAN_DRAIN"  # set by a launcher that can restart without a node
+from trainer.exits import TrainerExit
 
 
-class SDCStop(RuntimeError):
+class SDCStop(TrainerExit, RuntimeError):
     """One rank produced corrupt figures too often: the job stops, naming it (restarting cannot help)."""
 
+    kind = "sdc"
+
     def __init__(self, message: str, *, rank: int, host: str):
-        super().__init__(message)
+        super().__init__(message, rank=rank, host=host)
         self.rank, self.host = rank, host
 
 
-class DrainRequested(RuntimeError):
+class DrainRequested(TrainerExit, RuntimeError):
     """A straggler's node should leave the job: the trainer checkpoints and stops for the launcher."""
 
+    kind = "straggler"
+
     def __init__(self, message: str, *, rank: int, host: str):
-        super().__init__(message)
+        super().__init__(message, rank=rank, host=host)
         self.rank, self.host = rank, host
 
 

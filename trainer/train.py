@@ -2,39 +2,44 @@
 
     python -m trainer --config run.json                 # or under torchrun / deepspeed
 
-The loop's replayable state apart from model, optimizer and RNG is `Trainer.state_dict()`: step,
-tokens, the global sample index (the data loader's whole state), the skipped data windows and the
-spike guard. trainer.checkpoint saves it with the rest, resumes from it at start, and carries out the
-guard's rollback: restore the newest checkpoint before the spike, then jump the data over the window.
+The loop (Trainer) owns the run's state and calls its callbacks (trainer.callbacks: watchdog, health,
+stragglers, spike guard, SDC, canary, metrics, checkpoints) at fixed points of each step; the model,
+the DeepSpeed engine and the optimizer are the TrainModule's (trainer.train_module). A checkpoint holds
+the TrainModule's DeepSpeed files and, in trainer.json, the state_dict() of TrainState (step, tokens,
+the global sample index, which is the data loader's whole state, the skipped data windows) and of every
+callback that has one (guard, sdc, canary). The guard's rollback restores the newest checkpoint before
+the spike, then jumps the data over the window.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 import torch.distributed as torch_dist
 
-from trainer.checkpoint import Checkpointer, saved_precision
+from trainer.callbacks import (Callback, CanaryCallback, CheckpointCallback, GuardCallback, HealthCallback,
+                               MetricsCallback, SDCCallback, StepRecord, StragglerCallback, WatchdogCallback,
+                               extra_callbacks)
+from trainer.checkpoint import Checkpointer, Contents, saved_precision
 from trainer.config import RunConfig
 from trainer.data import rank_indices
-from trainer.engine import Dist, build_engine, init_distributed
-from trainer.faults import Faults
+from trainer.engine import Dist, init_distributed
+from trainer.exits import TrainerExit
 from trainer.guard import GuardStop, RollbackRequested, SpikeGuard, TooManySkips, Verdict
-from trainer.health import GradientProbe, LayerHealth
 from trainer.metrics import Metrics, flops_per_token
-from trainer.model import CausalLM
 from trainer.optim import batch_at, lr_at, set_lr
 from trainer.peak import device_peak
 from trainer.precision import resolve_precision
-from trainer.rank_checks import DRAIN_ENV, CanaryCheck, DrainRequested, SDCCheck, StragglerCheck, describe
+from trainer.train_module import TrainModule, gather_floats
 from trainer.watchdog import StepWatchdog
 
 
@@ -82,6 +87,13 @@ class TrainState:
     # Global sample windows [a, b) left out after a rollback: a batch never starts inside one.
     skip_windows: list[list[int]] = field(default_factory=list)
 
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.tokens, self.sample_index = state["step"], state["tokens"], state["sample_index"]
+        self.skip_windows = [list(w) for w in state.get("skip_windows", [])]
+
     def skip_to(self, batch: int) -> None:
         """Move sample_index past every recorded window the next batch [i, i + batch) would overlap."""
         moved = True
@@ -92,13 +104,19 @@ class TrainState:
                     self.sample_index, moved = b, True
 
 
+def _with_bf16(cfg: RunConfig, bf16: bool) -> RunConfig:
+    """cfg with deepspeed.bf16 resolved (a pydantic model's copy, or a dataclass's while config.py is one)."""
+    if hasattr(cfg, "model_copy"):
+        return cfg.model_copy(update={"deepspeed": cfg.deepspeed.model_copy(update={"bf16": bf16})})
+    return dataclasses.replace(cfg, deepspeed=dataclasses.replace(cfg.deepspeed, bf16=bf16))
+
+
 class Trainer:
     def __init__(self, cfg: RunConfig, *, dist: Dist | None = None, train_source: BatchSource | None = None,
                  val_sources: dict[str, BatchSource] | None = None):
         begun = time.perf_counter()
         self.cfg = cfg
         self.dist = dist or init_distributed(timeout_s=cfg.watchdog.collective_timeout_s)
-        self.faults = Faults.from_env(self.dist.rank)
         if train_source is None:
             train_source, built_val = build_sources(cfg)
             val_sources = built_val if val_sources is None else val_sources
@@ -107,68 +125,76 @@ class Trainer:
         if vocab is not None and vocab > cfg.model.vocab_size:
             raise ValueError(
                 f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the data's vocabulary ({vocab})")
-        self._new_model()
-        n_matmul = self.model.transformer.num_params(exclude_embedding=True)  # before ZeRO-3 partitions it
-        self.n_params = self.model.transformer.num_params()
-        self.guard = SpikeGuard(cfg.guard)
         self.state = TrainState()
-        self.metrics = Metrics(cfg.metrics, cfg.output_dir, rank=self.dist.rank, world_size=self.dist.world_size,
-                               flops_per_token=flops_per_token(n_matmul, cfg.model, cfg.batch.seq_len),
-                               train_tokens=cfg.train_tokens)
-        if getattr(train_source, "left_out", None):
-            self.metrics.log_event({"event": "sources_left_out", "sources": train_source.left_out,
-                                    "reason": f"no document of {cfg.data.min_doc_tokens} tokens or more"})
-        self.checkpointer = Checkpointer.for_run(cfg, self.dist, on_event=self.metrics.log_event)
-        self.hosts = self._hosts()
-        self.sdc = SDCCheck(cfg.sdc, self.hosts)
-        self.canary = CanaryCheck(cfg.sdc)
-        self.stragglers = StragglerCheck(cfg.straggler, self.hosts)
-        self.watchdog = StepWatchdog(cfg.watchdog, rank=self.dist.rank, world_size=self.dist.world_size,
-                                     output_dir=cfg.output_dir, on_fire=self.metrics.log_event)
-        self._canary_batch = self._pick_canary()
-        self._rank_busy: list[float] = []
-        self._drain: dict | None = None  # a straggler to drain, once the step is done
-        self._pending: dict = {}
         self.history: list[dict] = []  # per step: step, loss, grad_norm, lr, batch, applied, samples
-        point = self.checkpointer.find_resume() if cfg.checkpoint.resume else None
+        self.val_loss: dict[str, float] = {}
+        self._stop: tuple[dict, TrainerExit] | None = None  # stop_after_step()
+        self.hosts = self._hosts()
+        self.guard = SpikeGuard(cfg.guard)
+        self.watchdog = StepWatchdog(cfg.watchdog, rank=self.dist.rank, world_size=self.dist.world_size,
+                                     output_dir=cfg.output_dir)
+        self.metrics = None
         try:
-            # bf16 or fp32, by the hardware unless forced; a resumed run keeps what it started with. From here on
-            # cfg says which (true / false), so the engine, the checkpoints and the evaluation all see one answer.
-            self.precision = resolve_precision(cfg.deepspeed.bf16, self.dist.device,
-                                               resumed=saved_precision(point.manifest) if point is not None else None)
-            self.cfg = cfg = replace(cfg, deepspeed=replace(cfg.deepspeed, bf16=self.precision.bf16))
-            self.metrics.set_peak(device_peak(self.dist.device, self.precision.dtype, cfg.metrics.peak_flops))
-            self.metrics.log_event({"event": "precision", **self.precision.record()})
-            if point is not None:
-                self.checkpointer.check_batch(point, cfg)
-            if point is None and cfg.init_from:
-                # A new stage continues from the stage before: its weights, a fresh optimizer and schedule.
-                from trainer.checkpoint_store import local_step
-                from trainer.weights import load_initial_weights
-
-                cache = Path(cfg.output_dir) / "init_from"
-                if self.dist.rank == 0:
-                    local_step(cfg.init_from, cache)  # one download from the object store, then every rank reads it
-                if self.dist.world_size > 1:
-                    torch_dist.barrier()
-                source = load_initial_weights(self.model, cfg.init_from, cache)
-                self.metrics.log_event({"event": "initialized", "from": cfg.init_from, "step": source["step"]})
-            # The engine must know before it is built whether it loads shards of another world size.
-            universal = self.checkpointer.needs_universal(point, cfg)
-            engine_begun = time.perf_counter()
-            self._build_engine(load_universal=universal)
-            engine_s = time.perf_counter() - engine_begun
-            if point is not None:
-                self.checkpointer.restore(self, point, universal=universal)
-                self.metrics.log_event({"event": "resumed", "step": point.step, "source": point.source,
-                                        "path": str(point.path), "world_size": point.manifest["world_size"],
-                                        "universal": universal})
-            self.metrics.log_event(self._startup(begun, engine_s))
+            # The callbacks (trainer.callbacks: pre hooks in this order, post hooks in reverse): the watchdog
+            # first (it brackets the others), then a test's (they act on the step before the checks see it).
+            self.callbacks: list[Callback] = [WatchdogCallback(self.watchdog), *extra_callbacks()]
+            self._new_module()
+            n_matmul = self.model.transformer.num_params(exclude_embedding=True)  # before ZeRO-3 partitions it
+            self.n_params = self.model.transformer.num_params()
+            self.metrics = Metrics(cfg.metrics, cfg.output_dir, rank=self.dist.rank,
+                                   world_size=self.dist.world_size,
+                                   flops_per_token=flops_per_token(n_matmul, cfg.model, cfg.batch.seq_len),
+                                   train_tokens=cfg.train_tokens)
+            self.watchdog.on_fire = self.metrics.log_event
+            if getattr(train_source, "left_out", None):
+                self.metrics.log_event({"event": "sources_left_out", "sources": train_source.left_out,
+                                        "reason": f"no document of {cfg.data.min_doc_tokens} tokens or more"})
+            self.checkpointer = Checkpointer.for_run(cfg, self.dist, on_event=self.metrics.log_event)
+            health = HealthCallback(self)
+            health.model_built(self, self.model)  # the first model came before this callback
+            # post_update runs health, stragglers, guard, SDC, canary; post_step logs, then checkpoints.
+            self.callbacks += [CanaryCallback(self), SDCCallback(self), GuardCallback(self.guard),
+                               StragglerCallback(self), health, CheckpointCallback(), MetricsCallback()]
+            self._resume_or_start(begun)
         except BaseException:
-            self.watchdog.close()
-            self.checkpointer.close(wait=False)
-            self.metrics.close()
+            self.close(ok=False)
             raise
+
+    def _resume_or_start(self, begun: float) -> None:
+        cfg = self.cfg
+        point = self.checkpointer.find_resume() if cfg.checkpoint.resume else None
+        # bf16 or fp32, by the hardware unless forced; a resumed run keeps what it started with. From here on
+        # cfg says which (true / false), so the engine, the checkpoints and the evaluation all see one answer.
+        self.precision = resolve_precision(cfg.deepspeed.bf16, self.dist.device,
+                                           resumed=saved_precision(point.manifest) if point is not None else None)
+        self.cfg = cfg = self.module.cfg = _with_bf16(cfg, self.precision.bf16)
+        self.metrics.set_peak(device_peak(self.dist.device, self.precision.dtype, cfg.metrics.peak_flops))
+        self.metrics.log_event({"event": "precision", **self.precision.record()})
+        if point is not None:
+            self.checkpointer.check_batch(point, cfg)
+        if point is None and cfg.init_from:
+            # A new stage continues from the stage before: its weights, a fresh optimizer and schedule.
+            from trainer.checkpoint_store import local_step
+            from trainer.weights import load_initial_weights
+
+            cache = Path(cfg.output_dir) / "init_from"
+            if self.dist.rank == 0:
+                local_step(cfg.init_from, cache)  # one download from the object store, then every rank reads it
+            if self.dist.world_size > 1:
+                torch_dist.barrier()
+            source = load_initial_weights(self.model, cfg.init_from, cache)
+            self.metrics.log_event({"event": "initialized", "from": cfg.init_from, "step": source["step"]})
+        # The engine must know before it is built whether it loads shards of another world size.
+        universal = self.checkpointer.needs_universal(point, cfg)
+        engine_begun = time.perf_counter()
+        self.module.build_engine(load_universal=universal)
+        engine_s = time.perf_counter() - engine_begun
+        if point is not None:
+            self.checkpointer.restore(point, self, universal=universal)
+            self.metrics.log_event({"event": "resumed", "step": point.step, "source": point.source,
+                                    "path": str(point.path), "world_size": point.manifest["world_size"],
+                                    "universal": universal})
+        self.metrics.log_event(self._startup(begun, engine_s))
 
     @staticmethod
     def _startup(begun: float, engine_s: float) -> dict:
@@ -186,12 +212,15 @@ class Trainer:
             record["total_s"] = round(now - trainer.IMPORTED_AT, 3)
         return record
 
-    def _new_model(self) -> None:
-        torch.manual_seed(self.cfg.seed)  # identical initial weights on every rank
-        self.model = CausalLM(self.cfg.model).to(self.dist.device)
-        # This rank's own gradients (SDC check, per-layer health) are read by hooks on the model's parameters.
-        self.probe = GradientProbe(self.model, self.faults)
-        self.health = LayerHealth(self.cfg.health, self.model, self.probe, zero_stage=self.cfg.deepspeed.zero_stage)
+    def _new_module(self) -> None:
+        """A fresh TrainModule (start, rollback); the callbacks' hooks on the model go in first."""
+        self.module = TrainModule(self.cfg, self.dist,
+                                  on_model=lambda model: [cb.model_built(self, model) for cb in self.callbacks])
+
+    # The TrainModule's parts, by their old names (tests, benches, trainer.evaluate).
+    model = property(lambda self: self.module.model)
+    engine = property(lambda self: self.module.engine)
+    optimizer = property(lambda self: self.module.optimizer)
 
     def _hosts(self) -> list[str]:
         """Each rank's node, by rank (stragglers and corrupt ranks are reported with it): Slurm's node name
@@ -203,171 +232,98 @@ class Trainer:
             torch_dist.all_gather_object(hosts, mine)
         return hosts
 
-    def _pick_canary(self) -> dict | None:
-        """The canary: the first micro-batch of the first held-out domain, the same on every rank."""
-        if not (self.cfg.sdc.enabled and self.cfg.sdc.canary_interval):
-            return None
-        if not self.val_sources:
-            self.metrics.log_event({"event": "canary_off", "reason": "no held-out data to take the canary batch from"})
-            return None
-        name, source = next(iter(self.val_sources.items()))
-        return {"domain": name, "batch": source.batch(list(range(self.cfg.batch.micro_batch)))}
+    def stateful(self) -> dict:
+        """What a checkpoint's trainer.json holds, by name: the loop state and every callback with a state."""
+        return {"train": self.state,
+                **{cb.name: cb for cb in self.callbacks if hasattr(cb, "state_dict")}}
 
-    def _build_engine(self, *, load_universal: bool = False) -> None:
-        self.engine, self.optimizer, self.grad_norm = build_engine(self.model, self.cfg, self.dist,
-                                                                   load_universal=load_universal)
-        self.optimizer.gate = self._gate
-        self._batch_size = self.cfg.batch.global_batch  # what the DeepSpeed engine is configured for
+    def at_end(self) -> bool:
+        return self.state.tokens >= self.cfg.train_tokens
 
-    # -- the guard's hook inside DeepSpeed's step -------------------------------------------------
-    def _gate(self) -> bool:
-        # Called by the client optimizer once per parameter group; judge once per step.
-        p = self._pending
-        if p.get("verdict") is None:
-            p["verdict"] = self.guard.judge(step=p["step"], loss=p["loss"], grad_norm=self.grad_norm(),
-                                            samples=p["samples"])
-        elif math.isnan(p["verdict"].grad_norm) and math.isfinite(p["verdict"].loss):
-            # Refused before DeepSpeed's step (an SDC outlier): its global grad norm is known only now.
-            p["verdict"] = replace(p["verdict"], grad_norm=self.grad_norm())
-        return p["verdict"].apply
+    def stop_after_step(self, event: dict, error: TrainerExit) -> None:
+        """Stop the run once this step is done and checkpointed (a straggler's drain): log `event`, raise
+        `error`. Not at the run's last step: that one simply finishes."""
+        self._stop = self._stop or (event, error)
 
-    def _to_device(self, batch: dict) -> tuple[torch.Tensor, ...]:
-        # Sources give numpy arrays (MixtureDataset) or tensors (TextSource).
-        t = {k: torch.as_tensor(batch[k]).to(self.dist.device, non_blocking=True)
-             for k in ("tokens", "doc_ids", "positions")}
-        # Inputs are the first T tokens, targets the last T; mask and positions follow the inputs.
-        return t["tokens"][:, :-1], t["tokens"][:, 1:], t["doc_ids"][:, :-1], t["positions"][:, :-1]
+    # -- one step ----------------------------------------------------------------------------------
 
     def step(self) -> Verdict:
         """One optimizer step over one global batch (gradient accumulation inside), under the watchdog."""
-        self.watchdog.arm(self.state.step)
-        try:
-            verdict = self._step()
-        except BaseException:
-            self.watchdog.pause()
-            raise
-        self.watchdog.disarm()
-        return verdict
+        return self.run_step().verdict
 
-    def _step(self) -> Verdict:
-        cfg, st, d = self.cfg, self.state, self.dist
+    def run_step(self) -> StepRecord:
+        rec = None
+        try:
+            rec = self._step()
+            for cb in reversed(self.callbacks):
+                cb.post_update(self, rec)
+        except BaseException:
+            for cb in self.callbacks:
+                cb.step_failed(self, rec)
+            raise
+        return rec
+
+    def _step(self) -> StepRecord:
+        cfg, st, d, module = self.cfg, self.state, self.dist, self.module
         T, micro = cfg.batch.seq_len, cfg.batch.micro_batch
         B = batch_at(st.tokens, cfg.batch)
-        if B != self._batch_size:
-            self.engine.set_train_batch_size(B)  # changes only the gradient-accumulation steps
-            self._batch_size = B
+        module.set_batch_size(B)
         accum = B // (micro * d.world_size)
         st.skip_to(B)
         indices = rank_indices(st.sample_index, B, d.rank, d.world_size)
         lr = lr_at(st.tokens + B * T, peak_lr=cfg.optim.lr, train_tokens=cfg.train_tokens, cfg=cfg.schedule)
-        set_lr(self.optimizer, lr)
-        self._pending = {"step": st.step, "samples": (st.sample_index, st.sample_index + B), "verdict": None}
+        set_lr(module.optimizer, lr)
+        rec = StepRecord(step=st.step, samples=(st.sample_index, st.sample_index + B), batch=B, lr=lr)
         loss_sum = torch.zeros((), dtype=torch.float32, device=d.device)
-        self.engine.train()
+        module.engine.train()
         # Busy time: this rank's own work (data, forward, backward outside the accumulation boundary), not
         # the time it waits for the others inside the boundary's gradient reduction: the straggler figure.
         started = time.perf_counter()
-        self.faults.in_step(st.step)
-        self.faults.blow_up(st.step, self.model.transformer.blocks)
-        health_due = self.health.due(st.step)
-        # This rank's gradient norms feed the SDC check (several ranks) and the health figures (their steps).
-        self.probe.start(st.step, record=health_due or (cfg.sdc.enabled and d.world_size > 1))
-        health_weights = self.health.start() if health_due else None
-        busy = 0.0
+        # The gradient probe records only when a callback reads this step's figures (SDC, health): it asks.
+        module.probe.start(st.step, record=False)
+        for cb in self.callbacks:
+            cb.pre_step(self, rec)
         for m in range(accum):
             last = m == accum - 1
-            batch = self.train_source.batch(indices[m * micro:(m + 1) * micro])
-            inputs, targets, doc_ids, positions = self._to_device(batch)
-            # DeepSpeed counts micro-steps over the whole run, so after a ramp changes the accumulation
-            # its own boundary would fall mid-step: say where the boundary is.
-            self.engine.set_gradient_accumulation_boundary(last)
-            loss, _ = self.engine(inputs, targets, doc_ids, positions)
-            if last:
-                busy = time.perf_counter() - started
-            self.engine.backward(loss)
+            loss = module.forward(self.train_source.batch(indices[m * micro:(m + 1) * micro]), last=last)
+            busy = time.perf_counter() - started
+            module.backward(loss)
             loss_sum += loss.detach().float()
-            if last:
-                # The guard needs the global mean loss before DeepSpeed's boundary step calls the gate; the
-                # SDC and straggler checks need every rank's own loss, gradient norm and busy time.
-                per_rank = self._gather([loss_sum, self.probe.local_norm(), torch.tensor(busy, device=d.device)])
-                self._pending["loss"] = sum(r[0] for r in per_rank) / (accum * d.world_size)
-                self._pending["figures"] = {"loss": [r[0] / accum for r in per_rank],
-                                            "grad_norm": [r[1] for r in per_rank]}
-                self._rank_busy = [r[2] for r in per_rank]
-                self._pending["outliers"] = self.sdc.judge(st.step, self._pending["figures"])
-                self._refuse_early(st.step)
-            self.engine.step()
-        if health_weights is not None:
-            record, alarms = self.health.finish(st.step, health_weights)
-            self.metrics.log_health(record)
-            for alarm in alarms:
-                self.metrics.log_event(alarm)
-        for event in self.stragglers.observe(st.step, self._rank_busy):
-            self.metrics.log_event(event)
-            if event["event"] == "straggler" and cfg.straggler.drain and os.environ.get(DRAIN_ENV):
-                self._drain = self._drain or event  # every rank sees the same figures: all stop together
-        verdict = self._pending["verdict"]
-        if verdict is None:
+        # The guard needs the global mean loss before DeepSpeed's boundary step calls the gate; the
+        # SDC and straggler checks need every rank's own loss, gradient norm and busy time.
+        per_rank = gather_floats([loss_sum, module.probe.local_norm(), torch.tensor(busy, device=d.device)], d)
+        rec.loss = sum(r[0] for r in per_rank) / (accum * d.world_size)
+        rec.figures = {"loss": [r[0] / accum for r in per_rank], "grad_norm": [r[1] for r in per_rank]}
+        rec.busy = [r[2] for r in per_rank]
+        reasons = [cb.pre_update(self, rec) for cb in self.callbacks]
+        rec.refused = next((r for r in reasons if r is not None), None)
+        if rec.refused is not None:
+            rec.verdict = Verdict(step=rec.step, apply=False, reason=rec.refused, loss=rec.loss,
+                                  grad_norm=math.nan, samples=rec.samples)
+        module.update(lambda: self._gate(rec))
+        if rec.verdict is None:
             # DeepSpeed found the gradients non-finite and skipped the update without asking the gate.
-            verdict = self.guard.judge(step=st.step, loss=self._pending["loss"], grad_norm=float("nan"),
-                                       samples=self._pending["samples"])
-            assert not verdict.apply
-        self.history.append({"step": st.step, "loss": verdict.loss, "grad_norm": verdict.grad_norm, "lr": lr,
-                             "batch": B, "applied": verdict.apply, "samples": list(verdict.samples)})
+            rec.verdict = self.guard.judge(step=rec.step, loss=rec.loss, grad_norm=float("nan"), samples=rec.samples)
+            assert not rec.verdict.apply
+        v = rec.verdict
+        self.history.append({"step": rec.step, "loss": v.loss, "grad_norm": v.grad_norm, "lr": lr, "batch": B,
+                             "applied": v.apply, "samples": list(v.samples)})
         st.step += 1
         st.tokens += B * T
         st.sample_index += B
         self.metrics.count(B * T)
-        if not verdict.apply:
-            self.metrics.log_event({"event": "skip", "step": verdict.step, "samples": list(verdict.samples),
-                                    "reason": verdict.reason, "loss": verdict.loss, "grad_norm": verdict.grad_norm})
-        outliers = self._pending["outliers"]
-        if self._pending.get("refused"):
-            # Refused for the ranks' sake (SDC), not the data's: not a strike for the spike guard.
-            for o in outliers:
-                self.metrics.log_event({"event": "sdc", **o, "message": f"rank {o['rank']} (host {o['host']}): "
-                                                                         f"{describe(o)}; step {o['step']} not applied"})
-            self.sdc.commit(verdict.step, self._pending["figures"], outliers)  # raises after repeated offences
-        else:
-            self.sdc.commit(verdict.step, self._pending["figures"], [])
-            self.guard.commit(verdict)  # raises when the run must stop
-        if self._canary_batch is not None and self.canary.due(st.step):
-            self._check_canary()
-        return verdict
+        return rec
 
-    def _refuse_early(self, step: int) -> None:
-        """Decide before DeepSpeed's step that it must not be applied: a rank's figures are corrupt (or
-        the test asked for a skip). Every rank decides alike: they all see the same gathered figures."""
-        outliers = self._pending["outliers"]
-        reason = None
-        if outliers:
-            reason = "sdc: " + " | ".join(f"rank {o['rank']} {describe(o)}" for o in outliers)
-        elif self.faults.skip(step):
-            reason = "skipped on purpose (PRETRAIN_TEST_FAULT)"
-        if reason is not None:
-            self._pending["refused"] = True
-            self._pending["verdict"] = Verdict(step=step, apply=False, reason=reason, loss=self._pending["loss"],
-                                               grad_norm=math.nan, samples=self._pending["samples"])
-
-    def _gather(self, figures: list[torch.Tensor]) -> list[list[float]]:
-        """Every rank's figures, by rank, as floats (one collective and one device sync per step)."""
-        mine = torch.stack([f.detach().to(torch.float64).reshape(()) for f in figures])
-        if self.dist.world_size == 1:
-            return [mine.tolist()]
-        everyone = [torch.empty_like(mine) for _ in range(self.dist.world_size)]
-        torch_dist.all_gather(everyone, mine)
-        return [t.tolist() for t in everyone]
-
-    @torch.no_grad()
-    def _check_canary(self) -> None:
-        inputs, targets, doc_ids, positions = self._to_device(self._canary_batch["batch"])
-        self.engine.eval()
-        _, ce = self.engine(inputs, targets, doc_ids, positions)
-        self.engine.train()
-        losses = [r[0] for r in self._gather([ce.float()])]
-        record = self.canary.observe(self.state.step, losses, self.hosts)
-        record["domain"] = self._canary_batch["domain"]
-        self.metrics.log_event(record)
+    def _gate(self, rec: StepRecord) -> bool:
+        """Inside DeepSpeed's step, once the pre-clip grad norm is known. Called by the client optimizer once
+        per parameter group: judge once per step."""
+        if rec.verdict is None:
+            rec.verdict = self.guard.judge(step=rec.step, loss=rec.loss, grad_norm=self.module.grad_norm(),
+                                           samples=rec.samples)
+        elif math.isnan(rec.verdict.grad_norm) and math.isfinite(rec.verdict.loss):
+            # Refused before DeepSpeed's step (an SDC outlier): its global grad norm is known only now.
+            rec.verdict = dataclasses.replace(rec.verdict, grad_norm=self.module.grad_norm())
+        return rec.verdict.apply
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -375,78 +331,68 @@ class Trainer:
         cfg, d = self.cfg, self.dist
         n, micro = cfg.metrics.eval_batches * cfg.batch.global_batch, cfg.batch.micro_batch
         losses = {}
-        self.engine.eval()
         for name, source in self.val_sources.items():
             indices = rank_indices(0, n, d.rank, d.world_size)
             total = torch.zeros((), dtype=torch.float64, device=d.device)
             for i in range(0, len(indices), micro):
-                inputs, targets, doc_ids, positions = self._to_device(source.batch(indices[i:i + micro]))
-                _, ce = self.engine(inputs, targets, doc_ids, positions)
-                total += ce.double() * len(indices[i:i + micro])
+                total += self.module.loss(source.batch(indices[i:i + micro])).double() * len(indices[i:i + micro])
             if d.world_size > 1:
                 torch_dist.all_reduce(total)
             losses[name] = total.item() / n
-        self.engine.train()
+        self.val_loss = losses
         return losses
+
+    # -- the run -----------------------------------------------------------------------------------
 
     def fit(self) -> dict:
         cfg, st = self.cfg, self.state
-        window: list[dict] = []
-        val: dict[str, float] = {}
-        ckpt = self.checkpointer
-        finished = False
+        ok = False
         try:
             while st.tokens < cfg.train_tokens:
                 try:
-                    self.step()
+                    rec = self.run_step()
                 except RollbackRequested as e:
                     self.rollback(e)
-                    st, window = self.state, []
                     continue
-                window.append(self.history[-1])
-                last = st.tokens >= cfg.train_tokens
-                if st.step % cfg.metrics.log_interval == 0 or last:
-                    applied = [h for h in window if h["applied"]] or window
-                    self.metrics.log_step(
-                        step=st.step, tokens=st.tokens, loss=sum(h["loss"] for h in applied) / len(applied),
-                        grad_norm=sum(h["grad_norm"] for h in applied) / len(applied), lr=window[-1]["lr"],
-                        batch=window[-1]["batch"], rank_busy_s=self._rank_busy)
-                    window = []
-                if self.val_sources and cfg.metrics.eval_batches and (
-                        last or (cfg.metrics.eval_interval and st.step % cfg.metrics.eval_interval == 0)):
-                    val = self.evaluate()
-                    self.metrics.log_eval(step=st.step, losses=val)
-                if ckpt.due(st.step) or (last and cfg.checkpoint.save_final and st.step not in ckpt.saved):
-                    ckpt.save(self)
-                if self._drain is not None and not last:
-                    self._stop_for_drain(ckpt)
-            finished = True
+                for cb in reversed(self.callbacks):
+                    cb.post_step(self, rec)
+                if self._stop is not None and not self.at_end():
+                    ok = True  # its checkpoint is what the next attempt starts from: upload it
+                    self._stop_now()
+            ok = True
         except GuardStop as e:
             self.metrics.log_event({"event": "guard_stop", "step": st.step, "message": str(e)})
             raise
-        except DrainRequested:
-            finished = True  # its checkpoint is what the next attempt starts from: upload it
-            raise
         finally:
-            # A finished run waits for its uploads (a committed step is never abandoned); a failed one does not.
-            self.watchdog.close()
-            ckpt.close(wait=finished)
-            self.metrics.close()
-        summary = {"steps": st.step, "tokens": st.tokens, "sample_index": st.sample_index, "val_loss": val,
+            self.close(ok=ok)
+        summary = {"steps": st.step, "tokens": st.tokens, "sample_index": st.sample_index, "val_loss": self.val_loss,
                    "skipped": self.guard.skipped, "losses": [h["loss"] for h in self.history]}
         if self.dist.rank == 0:
             Path(cfg.output_dir, "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
 
-    def _stop_for_drain(self, ckpt: Checkpointer) -> None:
-        """Checkpoint this step and stop, so the launcher restarts the job without the straggler's node."""
-        event = self._drain
-        if self.state.step not in ckpt.saved:
-            ckpt.save(self)
-        self.metrics.log_event({"event": "drain", "step": self.state.step, "rank": event["rank"], "host": event["host"]})
-        raise DrainRequested(f"straggler: rank {event['rank']} on {event['host']} is persistently slow "
-                             f"({event['message']}); stopping at step {self.state.step} (checkpointed) so the "
-                             f"launcher restarts without {event['host']}", rank=event["rank"], host=event["host"])
+    def _stop_now(self) -> None:
+        event, error = self._stop
+        if self.state.step not in self.checkpointer.saved:
+            self.save_checkpoint()
+        self.metrics.log_event({"event": event["event"], "step": self.state.step,
+                                **{k: v for k, v in event.items() if k != "event"}})
+        raise error
+
+    def save_checkpoint(self) -> None:
+        """Every rank: the TrainModule's files and the named states, behind the checkpointer's threads."""
+        self.checkpointer.save(self)
+        for cb in reversed(self.callbacks):
+            cb.post_checkpoint(self, self.state.step)
+
+    def checkpoint_contents(self) -> Contents:
+        """What a checkpoint holds (trainer.checkpoint): the module, the named states, the manifest's header."""
+        cfg, st = self.cfg, self.state
+        header = {"tokens": st.tokens, "global_batch": cfg.batch.global_batch, "data_position": st.sample_index,
+                  "stage": cfg.stage, "zero_stage": cfg.deepspeed.zero_stage, "precision": self.precision.record(),
+                  "config": cfg.to_dict(), "tokenizer_sha256": cfg.tokenizer_sha256, "lineage": list(cfg.lineage),
+                  "skip_windows": [list(w) for w in st.skip_windows]}
+        return Contents(step=st.step, module=self.module, states=self.stateful(), header=header, seed=cfg.seed)
 
     def rollback(self, e: RollbackRequested) -> None:
         """The guard's rollback: restore the newest checkpoint taken before the spike's data window,
@@ -460,9 +406,9 @@ class Trainer:
         # A fresh engine: ZeRO-3 cannot load into the partitioned module of a running one. The step may
         # come from another world size (the one this run resumed from).
         universal = self.checkpointer.needs_universal(point, self.cfg)
-        self._new_model()
-        self._build_engine(load_universal=universal)
-        self.checkpointer.restore(self, point, universal=universal)
+        self._new_module()
+        self.module.build_engine(load_universal=universal)
+        self.checkpointer.restore(point, self, universal=universal)
         self.state.skip_windows.append([a, b])
         if len(self.state.skip_windows) > self.cfg.guard.max_skipped:
             raise TooManySkips(f"spike guard: {len(self.state.skip_windows)} rollbacks, more than guard.max_skipped = "
@@ -472,25 +418,17 @@ class Trainer:
         self.metrics.log_event({"event": "rollback", "step": at, "to_step": point.step, "skip_window": [a, b],
                                 "reason": str(e), "discarded_checkpoints": dropped})
 
-    def state_dict(self) -> dict:
-        """The loop's replayable state apart from model, optimizer and RNG (trainer.checkpoint adds those)."""
-        return {"train": asdict(self.state), "guard": self.guard.state_dict(), "sdc": self.sdc.state_dict(),
-                "canary": self.canary.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        train = dict(state["train"])
-        train["skip_windows"] = [list(w) for w in train.get("skip_windows", [])]
-        self.state = TrainState(**train)
-        self.guard.load_state_dict(state["guard"])
-        self.sdc.load_state_dict(state.get("sdc", {}))  # absent in checkpoints written before the SDC check
-        self.canary.load_state_dict(state.get("canary", {}))
+    def close(self, *, ok: bool = True) -> None:
+        """End the run's threads and files: each callback's, then the metrics (the others log to them)."""
+        try:
+            for cb in reversed(getattr(self, "callbacks", [WatchdogCallback(self.watchdog)])):
+                cb.close(self, ok)
+        finally:
+            if self.metrics is not None:
+                self.metrics.close()
 
 
 def train(cfg: RunConfig, *, train_source: BatchSource | None = None,
-          val_sources: dict[str, BatchSource] | None = None,
-          model_hook: Callable[[Trainer], None] | None = None) -> dict:
+          val_sources: dict[str, BatchSource] | None = None) -> dict:
     """Run `cfg` to its token budget; returns a summary (also written to output_dir/summary.json)."""
-    trainer = Trainer(cfg, train_source=train_source, val_sources=val_sources)
-    if model_hook is not None:
-        model_hook(trainer)
-    return trainer.fit()
+    return Trainer(cfg, train_source=train_source, val_sources=val_sources).fit()

@@ -31,9 +31,8 @@ from pathlib import Path
 from typing import Callable
 
 from trainer.config import WatchdogConfig
+from trainer.exits import HANG_EXIT, write_failure
 
-HANG_EXIT = 4  # trainer/__main__.py's exit status for a hang; the launcher restarts on it
-FAILURE_FILE = "failure.json"
 EXCHANGE_S = 10.0  # how long a firing rank waits for the others' reports
 COLLECTIVE_MARKERS = ("torch/distributed/", "deepspeed/comm/", "deepspeed/runtime/comm/")
 
@@ -68,16 +67,6 @@ def _default_store():
         return _get_default_store() if torch_dist.is_initialized() else None
     except Exception:  # no group, or a torch without the helper: each rank reports alone
         return None
-
-
-def write_failure(output_dir: str | Path, record: dict) -> None:
-    """<output_dir>/failure.json: why the trainer stopped, for the launcher (which cannot tell from the exit
-    status under torchrun: it exits 1 whatever its workers did). Atomic; every rank writing it is fine."""
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".{FAILURE_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, out / FAILURE_FILE)
 
 
 class StepWatchdog:

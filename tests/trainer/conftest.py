@@ -9,6 +9,11 @@ import pytest
 
 from tests.conftest import REPO, SHARED_DATA
 
+# Every trainer a test starts, in this process or in a subprocess (the launcher's and Slurm's tests import this
+# module too), loads the test-only fault injection (tests/trainer/faults.py); it acts only where a test sets
+# PRETRAIN_TEST_FAULT. A file path, so a trainer started in any working directory finds it.
+os.environ.setdefault("PRETRAIN_TRAINER_CALLBACKS", f"{REPO / 'tests' / 'trainer' / 'faults.py'}:Faults")
+
 TEXT = SHARED_DATA / "books" / "tinyshakespeare.txt"
 TOKENIZER = SHARED_DATA / "tokenizers" / "gpt2" / "tokenizer.json"
 TOP_TOKENS = 512  # GPT-2 ids renumbered to the 510 most frequent + EOS + "other": a tiny head on CPU

@@ -1,4 +1,7 @@
-"""Faults on purpose, for the failure-detection tests: PRETRAIN_TEST_FAULT in the trainer's environment.
+"""Faults on purpose, for the failure-detection tests: a trainer callback (trainer.callbacks) that only tests
+install, with PRETRAIN_TEST_FAULT in the trainer's environment saying which faults.
+
+    env = {**os.environ, **fault_env("hang:rank=1,step=6")}   # for a `python -m trainer` subprocess
 
     PRETRAIN_TEST_FAULT="hang:rank=1,step=6,seconds=600,once=/tmp/x"   # rank 1 sleeps inside step 6
     PRETRAIN_TEST_FAULT="slow:rank=1,seconds=0.3"                      # rank 1 slower every step
@@ -6,10 +9,14 @@
                                                                        # mode=bitflip: an exponent bit)
     PRETRAIN_TEST_FAULT="skip:step=5"                                  # the step is not applied (a reference)
     PRETRAIN_TEST_FAULT="blowup:layer=1,step=8,factor=10"              # block 1's weights × 10
+    PRETRAIN_TEST_FAULT="save_delay:seconds=2"                         # every rank's checkpoint writer
+                                                                       # sleeps between DeepSpeed's shards
+                                                                       # and the rest (the kill-mid-save test)
     PRETRAIN_TEST_FAULT="slow:rank=1,seconds=0.3;corrupt:rank=0,step=4"   # several, ';'-separated
 
 `once=PATH` makes a fault happen only in the first process that reaches it (it creates PATH), so a
-restarted job runs clean. A production run never sets the variable; then every hook here is a no-op.
+restarted job runs clean. The trainer loads this file through PRETRAIN_TRAINER_CALLBACKS (CALLBACKS,
+set for every test process by tests/trainer/conftest.py); without PRETRAIN_TEST_FAULT it does nothing.
 """
 
 from __future__ import annotations
@@ -20,8 +27,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+from trainer.callbacks import Callback
+
 FAULT_ENV = "PRETRAIN_TEST_FAULT"
-KINDS = ("hang", "slow", "corrupt", "skip", "blowup")
+KINDS = ("hang", "slow", "corrupt", "skip", "blowup", "save_delay")
+CALLBACKS = f"{__file__}:Faults"  # PRETRAIN_TRAINER_CALLBACKS: a file path, so any working directory loads it
+
+
+def fault_env(spec: str) -> dict[str, str]:
+    """The environment of a trainer subprocess that injects `spec`."""
+    return {"PRETRAIN_TRAINER_CALLBACKS": CALLBACKS, FAULT_ENV: spec}
 
 
 @dataclass(frozen=True)
@@ -62,35 +77,46 @@ def parse(spec: str) -> list[Fault]:
     return faults
 
 
-class Faults:
-    """The faults this process was asked for; each hook is called by the trainer at its place."""
+class Faults(Callback):
+    """The faults this process was asked for, as a trainer callback (the hook names: trainer.callbacks)."""
 
-    def __init__(self, faults: list[Fault], rank: int):
-        self.faults, self.rank = faults, rank
+    name = "faults"
 
-    @classmethod
-    def from_env(cls, rank: int) -> Faults:
-        return cls(parse(os.environ.get(FAULT_ENV, "")), rank)
+    def __init__(self, faults: list[Fault] | None = None):
+        self.faults = parse(os.environ.get(FAULT_ENV, "")) if faults is None else faults
+        self.step = 0
+        for f in self._of("save_delay"):
+            _delay_checkpoint_writes(f.float("seconds", 2.0))
 
     def _of(self, kind: str) -> list[Fault]:
         return [f for f in self.faults if f.kind == kind]
 
-    def in_step(self, step: int) -> None:
-        """Inside a step, before its first micro-batch: the hang and the slow rank."""
+    def model_built(self, trainer, model) -> None:
+        if self._of("corrupt"):
+            # Before the gradient probe's hooks: this rank's figures and the all-reduce both see the corruption.
+            first = next(p for p in model.parameters() if p.requires_grad)
+            first.register_hook(lambda g: self.corrupt_gradient(trainer.dist.rank, self.step, g))
+
+    def pre_step(self, trainer, rec) -> None:
+        """Before the step's first micro-batch: the slow rank, the hang, a layer blowing up."""
+        self.step, rank = rec.step, trainer.dist.rank
         for f in self._of("slow"):
-            if f.hits(rank=self.rank):
+            if f.hits(rank=rank):
                 time.sleep(f.float("seconds", 0.3))
         for f in self._of("hang"):
-            if f.hits(rank=self.rank, step=step):
+            if f.hits(rank=rank, step=rec.step):
                 time.sleep(f.float("seconds", 3600.0))
+        self.blow_up(rec.step, trainer.model.transformer.blocks)
 
-    def skip(self, step: int) -> bool:
-        return any(f.hits(step=step) for f in self._of("skip"))
+    def pre_update(self, trainer, rec) -> str | None:
+        if any(f.hits(step=rec.step) for f in self._of("skip")):
+            return "skipped on purpose (PRETRAIN_TEST_FAULT)"
+        return None
 
-    def corrupt_gradient(self, step: int, grad: torch.Tensor) -> torch.Tensor:
+    def corrupt_gradient(self, rank: int, step: int, grad: torch.Tensor) -> torch.Tensor:
         """Called on one parameter's gradient of this rank's micro-batches before any reduction."""
         for f in self._of("corrupt"):
-            if f.int("rank", self.rank) == self.rank and f.int("step", step) == step:
+            if f.int("rank", rank) == rank and f.int("step", step) == step:
                 if f.args.get("mode", "scale") == "bitflip":
                     grad = grad.clone()
                     flat = grad.view(-1)
@@ -105,12 +131,26 @@ class Faults:
                 return grad * f.float("factor", 1000.0)
         return grad
 
-    def wants_corruption(self) -> bool:
-        return bool(self._of("corrupt"))
-
     @torch.no_grad()
     def blow_up(self, step: int, blocks: torch.nn.ModuleList) -> None:
         for f in self._of("blowup"):
             if f.hits(step=step):
                 for p in blocks[f.int("layer", 0)].parameters():
                     p.mul_(f.float("factor", 10.0))
+
+
+def _delay_checkpoint_writes(seconds: float) -> None:
+    """Every rank's background writer sleeps after writing DeepSpeed's shards (the one write_files call with
+    zipfile_serialization, trainer.checkpoint.Checkpointer.save) and before the RNG file, the trainer state
+    and its done marker, so a kill lands while step-<N>.partial holds shards but cannot yet be committed."""
+    import trainer.checkpoint as checkpoint
+
+    write_files = checkpoint.write_files
+
+    def slow(files, **kwargs):
+        written = write_files(files, **kwargs)
+        if "zipfile_serialization" in kwargs:
+            time.sleep(seconds)
+        return written
+
+    checkpoint.write_files = slow

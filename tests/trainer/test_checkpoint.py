@@ -21,7 +21,8 @@ import torch
 from storage.objects import open_store
 from tests.conftest import REPO
 from tests.trainer.conftest import read_metrics, run_dict
-from trainer.checkpoint import SAVE_DELAY_ENV, ResumeRefused, young_interval_steps
+from tests.trainer.faults import fault_env
+from trainer.checkpoint import ResumeRefused, young_interval_steps
 from trainer.checkpoint_store import LocalCheckpoints, RemoteCheckpoints, step_name
 from trainer.config import RunConfig, from_dict
 
@@ -137,7 +138,7 @@ def test_kill_mid_step_then_mid_save_replays_bit_identical_losses(tmp_path, two_
     # 2. Restarted, then killed mid-save: a rank's DeepSpeed shards are on disk, and every rank's writer thread
     # sleeps after its shards, before its RNG file, the trainer state and its done marker.
     save_step = rng.choice([6, 9])
-    proc = _start(run_json, {SAVE_DELAY_ENV: "2"})
+    proc = _start(run_json, fault_env("save_delay:seconds=2"))
     _kill_when(proc, lambda: any(local.partial_path(save_step).glob("ds/*.pt")))
     before = [s for s in SAVES if s < save_step]
     assert local.committed() == before and local.latest() == before[-1]  # the partial step is never committed

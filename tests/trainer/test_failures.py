@@ -1,5 +1,5 @@
 """Failure detection on 2 ranks (torchrun, gloo): a hung rank, a straggler, corrupt gradients, a layer
-blowing up. Faults are injected with PRETRAIN_TEST_FAULT (trainer/faults.py)."""
+blowing up. Faults are injected with PRETRAIN_TEST_FAULT (the test-only callback tests/trainer/faults.py)."""
 
 import json
 import os
@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.trainer.conftest import read_metrics, write_run
+from tests.trainer.faults import fault_env
 
 BIN = os.path.dirname(sys.executable)
 TORCHRUN_2 = (os.path.join(BIN, "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "trainer")
@@ -20,7 +21,7 @@ def _run(run_json, *, fault: str | None = None, launcher=TORCHRUN_2, expect: int
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}  # also for the module fixture
     env.pop("PRETRAIN_TEST_FAULT", None)
     if fault:
-        env["PRETRAIN_TEST_FAULT"] = fault
+        env.update(fault_env(fault))
     result = subprocess.run([*launcher, "--config", str(run_json)], cwd=REPO, capture_output=True, text=True,
                             timeout=900, env=env)
     assert result.returncode == expect, result.stdout[-3000:] + result.stderr[-3000:]
@@ -48,7 +49,8 @@ def test_a_hung_rank_is_named_with_its_step_and_ends_the_job(tmp_path):
     assert failure["kind"] == "hang" and failure["exit_status"] == 4
     assert failure["rank"] == 1 and failure["step"] == 7 and failure["ranks"] == [1], failure
     # Rank 1 sleeps in the fault hook; rank 0 is found waiting for it in the gradient reduction.
-    assert "rank 1 (host" in failure["message"] and "stuck outside any collective at trainer/faults.py" in failure["message"]
+    assert "rank 1 (host" in failure["message"]
+    assert "stuck outside any collective at tests/trainer/faults.py" in failure["message"]
     assert "rank(s) [0] wait for it in a collective" in failure["message"]
     assert "exitcode  : 4" in first.stderr and "watchdog: step 7 did not finish" in first.stderr
     assert [e["rank"] for e in _events(out, "hang")] == [1]

@@ -11,8 +11,8 @@ fp32 is the same arithmetic everywhere up to the order of accumulation inside th
 differs between AVX-512 and AVX2 builds of the kernels. Measured when the file was written: identical
 losses natively (AVX-512) on repeated runs; under ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 the
 largest difference over the 20 steps was 4.8e-7 (2 of 20 losses differ; "avx2_max_abs_diff" in
-tests/trainer/golden/demo_main_20_steps.json). TOLERANCE is 20 times that, far below any behaviour change (a changed data order, schedule or
-update moves the losses by 1e-3 or more within a few steps).
+tests/trainer/golden/demo_main_20_steps.json). TOLERANCE is 20 times that, far below any behaviour
+change (a changed data order, schedule or update moves the losses by 1e-3 or more within a few steps).
 
 Regenerate (only for an intended change of the numerics, saying why in the commit):
     PRETRAIN_GOLDEN_WRITE=1 .venv/bin/python -m pytest tests/trainer/test_golden_loss.py

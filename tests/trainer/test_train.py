@@ -130,3 +130,44 @@ def test_deepspeed_launcher_two_ranks(tmp_path, one_rank_losses):
     losses = _losses(path, os.path.join(BIN, "deepspeed"), "--num_gpus", "2", "--master_port", port,
                      "--module", "trainer")
     assert max(abs(a - b) for a, b in zip(losses, one_rank_losses[True])) < 2e-3
+
+
+RECORDER = '''
+from trainer.callbacks import Callback
+
+CALLS = []
+
+
+class Recorder(Callback):
+    name = "recorder"
+
+    def model_built(self, trainer, model): CALLS.append(("model_built",))
+    def pre_step(self, trainer, rec): CALLS.append(("pre_step", rec.step))
+    def pre_update(self, trainer, rec): CALLS.append(("pre_update", rec.step, rec.loss == rec.loss))
+    def post_update(self, trainer, rec): CALLS.append(("post_update", rec.step, rec.verdict.apply))
+    def post_step(self, trainer, rec): CALLS.append(("post_step", rec.step, trainer.state.step))
+    def post_checkpoint(self, trainer, step): CALLS.append(("post_checkpoint", step))
+    def close(self, trainer, ok): CALLS.append(("close", ok))
+'''
+
+
+@pytest.mark.slow  # a DeepSpeed engine and 2 steps
+def test_callbacks_are_called_at_their_points_in_order(tmp_path, monkeypatch):
+    import sys
+
+    from trainer.train import Trainer
+
+    (tmp_path / "recorder.py").write_text(RECORDER)
+    monkeypatch.setenv("PRETRAIN_TRAINER_CALLBACKS", f"{tmp_path / 'recorder.py'}:Recorder")
+    trainer = Trainer(from_dict(RunConfig, run_dict(tmp_path / "out", train_tokens=2 * 8 * 64,
+                                                    checkpoint={"interval_steps": 1})))
+    assert [cb.name for cb in trainer.callbacks] == ["watchdog", "recorder", "canary", "sdc", "guard", "straggler",
+                                                     "health", "checkpointer", "metrics"]
+    assert set(trainer.stateful()) == {"train", "canary", "sdc", "guard"}
+    trainer.fit()
+    calls = sys.modules["_callbacks_recorder"].CALLS
+    # Post hooks run in reverse: the checkpointer's post_step (after the recorder in the list) saves first.
+    step = lambda s: [("pre_step", s), ("pre_update", s, True), ("post_update", s, True), ("post_checkpoint", s + 1),
+                      ("post_step", s, s + 1)]
+    assert calls == [("model_built",), *step(0), *step(1), ("close", True)]
+    assert not trainer.watchdog._thread.is_alive()  # closed

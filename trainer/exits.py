@@ -1,0 +1,66 @@
+"""How the trainer ends: its exit statuses and the failure.json it leaves. Torch-free on purpose: the launcher
+(resources/launcher.py) imports it, and a training asset never loads torch.
+
+    0  CLEAN        the token budget is reached
+    2  CONFIG       a bad config, or a checkpoint this config cannot resume (e.g. another batch.global_batch)
+    3  GUARD_STOP   the spike guard stops the run (a rollback with no checkpoint before the spike, or too many
+                    skipped steps)
+    4  HANG         the step watchdog ended a hang (trainer.watchdog); a restart resumes
+    5  SDC          one rank gave corrupt figures too often (trainer.rank_checks); restarting on the same node
+                    cannot help
+    6  DRAIN        it stopped (checkpointed) so the launcher restarts it without a straggler's node
+
+Every failure also writes <output_dir>/failure.json: under torchrun the launcher sees torchrun's own exit
+status (1), so that file is how it knows what happened. Its schema (FAILURE_FIELDS): kind, exit_status and
+message always; rank, host and step where one is to blame; the watchdog adds its own figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+CLEAN = 0
+CONFIG_EXIT = 2
+GUARD_EXIT = 3
+HANG_EXIT = 4
+SDC_EXIT = 5
+DRAIN_EXIT = 6
+
+FAILURE_FILE = "failure.json"
+# kind -> exit status: the failure.json kinds the trainer writes.
+KINDS = {"config": CONFIG_EXIT, "guard_stop": GUARD_EXIT, "hang": HANG_EXIT, "sdc": SDC_EXIT,
+         "straggler": DRAIN_EXIT}
+FAILURE_FIELDS = ("kind", "exit_status", "message", "rank", "host", "step")  # the first three always present
+
+DRAIN_ENV = "PRETRAIN_LAUNCHER_CAN_DRAIN"  # set by a launcher that can restart without a node
+
+
+class TrainerExit(Exception):
+    """A stop the trainer decides on: its kind (a KINDS key) says the exit status; `extra` goes to failure.json."""
+
+    kind = "config"
+
+    def __init__(self, message: str, **extra):
+        super().__init__(message)
+        self.extra = extra
+
+    @property
+    def exit_status(self) -> int:
+        return KINDS[self.kind]
+
+
+def failure_record(kind: str, message: str, **extra) -> dict:
+    """failure.json's content for a stop of this kind."""
+    return {"kind": kind, "exit_status": KINDS[kind], "message": message, **extra}
+
+
+def write_failure(output_dir: str | Path, record: dict) -> None:
+    """<output_dir>/failure.json: why the trainer stopped, for the launcher (which cannot tell from the exit
+    status under torchrun: it exits 1 whatever its workers did). Atomic; every rank writing it is fine."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".{FAILURE_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, out / FAILURE_FILE)

@@ -1,0 +1,136 @@
+"""The TrainModule: the model, its gradient probe, the DeepSpeed engine and the optimizer, and what is done
+with them (forward, backward, the gated update, DeepSpeed's checkpoint files). The loop (trainer.train)
+owns neither weights nor optimizer state; a rollback builds a fresh TrainModule.
+
+    module = TrainModule(cfg, dist, on_model=lambda model: ...)   # seeded model; on_model before any hook
+    module.build_engine(load_universal=False)
+    loss = module.forward(batch, last=True); module.backward(loss)   # one micro-batch
+    module.update(gate)                                          # DeepSpeed's step; `gate()` says apply or not
+    shards, zipfile = module.snapshot(folder, tag)               # this rank's DeepSpeed files, in memory
+    module.load(folder, tag, universal=False)
+"""
+
+from __future__ import annotations
+
+import shutil
+from argparse import Namespace
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as torch_dist
+
+from trainer.async_save import SnapshotEngine
+from trainer.checkpoint_store import CorruptCheckpoint
+from trainer.config import RunConfig
+from trainer.engine import Dist, build_engine
+from trainer.health import GradientProbe
+from trainer.model import CausalLM
+
+
+def to_device(batch: dict, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """(inputs, targets, doc_ids, positions) of a source's batch (numpy arrays or tensors)."""
+    t = {k: torch.as_tensor(batch[k]).to(device, non_blocking=True) for k in ("tokens", "doc_ids", "positions")}
+    # Inputs are the first T tokens, targets the last T; mask and positions follow the inputs.
+    return t["tokens"][:, :-1], t["tokens"][:, 1:], t["doc_ids"][:, :-1], t["positions"][:, :-1]
+
+
+def gather_floats(figures: list[torch.Tensor], dist: Dist) -> list[list[float]]:
+    """Every rank's figures, by rank, as floats (one collective and one device sync)."""
+    mine = torch.stack([f.detach().to(torch.float64).reshape(()) for f in figures])
+    if dist.world_size == 1:
+        return [mine.tolist()]
+    everyone = [torch.empty_like(mine) for _ in range(dist.world_size)]
+    torch_dist.all_gather(everyone, mine)
+    return [t.tolist() for t in everyone]
+
+
+class TrainModule:
+    def __init__(self, cfg: RunConfig, dist: Dist, *, on_model: Callable[[torch.nn.Module], None] = lambda m: None):
+        self.cfg, self.dist = cfg, dist
+        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+        self.model = CausalLM(cfg.model).to(dist.device)
+        # Callbacks' hooks on the new model go first (a test's gradient corruption must be seen by the probe).
+        on_model(self.model)
+        # This rank's own gradients (SDC check, per-layer health) are read by hooks on the model's parameters.
+        self.probe = GradientProbe(self.model)
+        self.engine = self.optimizer = self.grad_norm = None
+        self.batch_size = cfg.batch.global_batch  # what the DeepSpeed engine is configured for
+
+    def build_engine(self, *, load_universal: bool = False) -> None:
+        """The engine must know before it is built whether it loads shards of another world size."""
+        self.engine, self.optimizer, self.grad_norm = build_engine(self.model, self.cfg, self.dist,
+                                                                   load_universal=load_universal)
+        self.batch_size = self.cfg.batch.global_batch
+
+    def set_batch_size(self, batch: int) -> None:
+        if batch != self.batch_size:
+            self.engine.set_train_batch_size(batch)  # changes only the gradient-accumulation steps
+            self.batch_size = batch
+
+    def forward(self, batch: dict, *, last: bool) -> torch.Tensor:
+        """One micro-batch's training loss. `last`: the step's accumulation boundary comes with its backward."""
+        inputs, targets, doc_ids, positions = to_device(batch, self.dist.device)
+        # DeepSpeed counts micro-steps over the whole run, so after a ramp changes the accumulation
+        # its own boundary would fall mid-step: say where the boundary is.
+        self.engine.set_gradient_accumulation_boundary(last)
+        loss, _ = self.engine(inputs, targets, doc_ids, positions)
+        return loss
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
+
+    def update(self, gate: Callable[[], bool]) -> None:
+        """DeepSpeed's boundary step; the client optimizer asks `gate()` whether to apply it."""
+        self.optimizer.gate = gate
+        self.engine.step()
+
+    @torch.no_grad()
+    def loss(self, batch: dict) -> torch.Tensor:
+        """The cross-entropy of a batch in eval mode (evaluation, the canary)."""
+        self.engine.eval()
+        try:
+            _, ce = self.engine(*to_device(batch, self.dist.device))
+        finally:
+            self.engine.train()
+        return ce
+
+    # -- DeepSpeed's checkpoint files (trainer.checkpoint lays out the step folder) -----------------
+
+    def snapshot(self, folder, tag: str) -> tuple[list, bool]:
+        """This rank's DeepSpeed files for <folder>/<tag>, copied in memory (trainer.async_save), not written."""
+        self.engine.checkpoint_engine = snapshots = SnapshotEngine.replacing(self.engine.checkpoint_engine)
+        snapshots.take()  # nothing left over from a save that raised half-way
+        self.engine.save_checkpoint(str(folder), tag=tag, save_latest=False)
+        return snapshots.take(), snapshots.zipfile_serialization
+
+    def load(self, folder, tag: str, *, universal: bool = False) -> None:
+        """Load <folder>/<tag> into the freshly built engine (universal: converted from another world size)."""
+        if not universal:
+            path, _ = self.engine.load_checkpoint(str(folder), tag=tag, load_lr_scheduler_states=False)
+            if path is None:
+                raise CorruptCheckpoint(f"DeepSpeed found no checkpoint in {folder / tag}")
+            return
+        hyper = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        self.engine.load_checkpoint(str(folder), tag=tag, load_lr_scheduler_states=False)
+        # DeepSpeed 0.19.8's ZeRO-3 universal load (stage3.load_hp_checkpoint_state_from_checkpoint_dir_stage3)
+        # gives every param group group 0's hyperparameters (weight decay on the norm gains) and one
+        # shared `step` tensor to all groups (so Adam's step advances once per group): undo both.
+        for group, saved in zip(self.optimizer.param_groups, hyper):
+            group.update(saved)
+        for state in self.optimizer.state.values():
+            if torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].clone()
+
+
+def to_universal(ds_folder: Path, out_folder: Path) -> None:
+    """DeepSpeed's universal checkpoint of one step's shards (ZeRO 1-3 with bf16): per-parameter fp32
+    weights and Adam moments that any world size can load."""
+    from deepspeed.checkpoint import ds_to_universal
+
+    if out_folder.exists():
+        shutil.rmtree(out_folder)
+    # One worker: a process pool forked from a trainer that holds a process group is asking for trouble.
+    args = Namespace(input_folder=str(ds_folder), output_folder=str(out_folder), num_extract_workers=1,
+                     num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=True)
+    ds_to_universal.main(args)
