@@ -121,6 +121,7 @@ def two_rank_reference(tmp_path_factory):
     return get
 
 
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 @pytest.mark.parametrize("stage", [1, 3])
 def test_kill_mid_step_then_mid_save_replays_bit_identical_losses(tmp_path, two_rank_reference, stage):
     _, reference = two_rank_reference(stage)
@@ -172,6 +173,7 @@ def _copy_step(src_root: Path, step: int, dest_root: Path) -> None:
     shutil.copytree(src_root / step_name(step), dest_root / step_name(step))
 
 
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 @pytest.mark.parametrize("stage", [1, 3])
 def test_resume_on_one_rank_from_two(tmp_path, two_rank_reference, stage):
     ref_out, reference = two_rank_reference(stage)
@@ -199,6 +201,7 @@ def one_rank_reference(tmp_path_factory):
     return folder / "out", store, dict(zip(range(1, STEPS + 1), summary["losses"]))
 
 
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_resume_from_the_object_store_after_the_local_folder_is_gone(tmp_path, one_rank_reference):
     ref_out, ref_store, reference = one_rank_reference
     prefix = "checkpoints/main/run"
@@ -215,6 +218,7 @@ def test_resume_from_the_object_store_after_the_local_folder_is_gone(tmp_path, o
     assert [(r["step"], r["source"]) for r in resumed] == [(6, "remote")]
 
 
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_a_changed_global_batch_is_refused_unless_allowed(tmp_path, one_rank_reference):
     ref_out, _, _ = one_rank_reference
     _copy_step(ref_out / "checkpoints", 9, tmp_path / "out" / "checkpoints")
@@ -228,6 +232,7 @@ def test_a_changed_global_batch_is_refused_unless_allowed(tmp_path, one_rank_ref
     assert changes == [{"event": "batch_change", "step": 9, "from": 8, "to": 16}]
 
 
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_a_corrupt_step_is_reported_and_the_one_before_used(tmp_path, one_rank_reference):
     ref_out, _, reference = one_rank_reference
     for step in (6, 9):
@@ -261,6 +266,7 @@ class GarbageAt:
         return b
 
 
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_rollback_restores_the_checkpoint_before_the_spike_and_skips_the_window(tmp_path):
     from trainer.train import Trainer, build_sources
 
@@ -301,6 +307,7 @@ def test_rollback_restores_the_checkpoint_before_the_spike_and_skips_the_window(
     assert [h["loss"] for h in resumed.history] == [h["loss"] for h in trainer.history if h["step"] >= 10]
 
 
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_training_goes_on_while_the_object_store_is_unreachable(tmp_path, s3, s3_proxy, monkeypatch):
     from trainer.train import Trainer
 
@@ -358,6 +365,7 @@ def _gate_writes(monkeypatch):
     return gate
 
 
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_save_returns_before_the_shards_are_written_and_the_commit_waits_for_them(tmp_path, monkeypatch):
     gate = _gate_writes(monkeypatch)
     trainer = _trainer(tmp_path / "out")
@@ -385,6 +393,7 @@ def test_save_returns_before_the_shards_are_written_and_the_commit_waits_for_the
     assert committed[0]["bytes"] == sum(f["bytes"] for f in manifest["files"])
 
 
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_a_failed_background_write_stops_the_loop_and_commits_nothing(tmp_path, monkeypatch):
     import trainer.async_save as async_save
     from trainer.async_save import WriteFailed
@@ -442,6 +451,7 @@ def test_young_interval_from_measured_save_time():
     assert young_interval_steps(0.01, 100.0, 1.0) == 1
 
 
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_a_new_stage_starts_from_the_previous_stages_weights(tmp_path):
     """init_from: the weights of another run's checkpoint, a fresh optimizer and schedule (long-context stages)."""
     from trainer.train import Trainer

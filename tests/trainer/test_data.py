@@ -51,6 +51,7 @@ def config(shards, **overrides) -> DataConfig:
     return DataConfig(**{**settings, **overrides})
 
 
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_windows_of_two_lengths_cover_the_same_tokens(shards):
     source = PackedSource("books", shards["books"], "train")
     stream = np.asarray(source._tokens, dtype=np.int64)
@@ -191,6 +192,7 @@ def test_bad_input_is_refused_naming_the_source(shards, tmp_path):
     MixtureDataset(config({**shards, "code": str(damaged)}, verify=False))  # opt-out reads it as it is
 
 
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_the_trainer_learns_from_packed_shards_and_reports_each_domain(shards, tmp_path):
     """The whole path the training stages take: packed outputs -> mixture -> Trainer, per-domain val loss."""
     import os

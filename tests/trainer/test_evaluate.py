@@ -37,6 +37,7 @@ class Bigram(torch.nn.Module):
         return logits
 
 
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_scores_are_the_log_probabilities_at_the_continuation_positions():
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=VOCAB, d_model=32, n_layers=1, n_heads=2)).eval()
@@ -54,6 +55,7 @@ def test_scores_are_the_log_probabilities_at_the_continuation_positions():
     assert TOK.decode(ctx + cont) == "Question: What is 2+2?\nAnswer: four" and TOK.decode(cont) == " four"
 
 
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_accuracy_follows_the_model_preference_on_real_multiple_choice_items():
     items = load_task("arc_easy", BENCH, limit=30)
     assert len(items) == 30 and all(len(it.continuations) >= 3 for it in items)
@@ -67,6 +69,7 @@ def test_accuracy_follows_the_model_preference_on_real_multiple_choice_items():
     assert 0.2 < good["chance"] < 0.35  # ARC has 3-5 choices
 
 
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_random_weights_score_near_chance_on_hellaswag():
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=VOCAB, d_model=32, n_layers=1, n_heads=2)).eval()
@@ -75,6 +78,7 @@ def test_random_weights_score_near_chance_on_hellaswag():
     assert 0.1 < result["acc_norm"] < 0.45
 
 
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_lambada_counts_only_an_exact_greedy_target_word():
     items = load_task("lambada", BENCH, limit=20)
     knows = Bigram([it.context + it.continuations[0] for it in items[:10]])
@@ -102,6 +106,7 @@ def test_canary_loss_is_the_mean_cross_entropy():
     assert canary_loss(model, tokens) == pytest.approx(float(expected), rel=1e-5)
 
 
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_a_checkpoint_is_evaluated_by_the_module_entry_point(tmp_path):
     """Train a few steps on real packed math, checkpoint, then `python -m trainer.evaluate`'s main()."""
     import json

@@ -15,6 +15,7 @@ from trainer.model import CausalLM
 CFG = ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, rope_base=50000.0)
 
 
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_llama_for_causal_lm_reproduces_the_trainers_logits(tmp_path):
     import transformers
     torch.manual_seed(0)
@@ -41,6 +42,7 @@ def test_a_model_llama_cannot_express_is_refused():
         export_hf_llama(CausalLM(cfg).state_dict(), cfg, "/nonexistent")
 
 
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_pretrain_export_turns_a_zero_checkpoint_into_the_same_model(tmp_path, capsys):
     """ZeRO-1 bf16 run -> checkpoint -> `pretrain export`: HF's logits are those of the fp32 master weights."""
     import transformers

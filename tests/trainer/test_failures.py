@@ -112,6 +112,7 @@ def test_repeated_corruption_from_one_rank_stops_the_job_naming_it(tmp_path):
     assert "rank 1" in failure["message"] and "sdc.max_offences = 2" in result.stderr
 
 
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_a_blown_up_layer_is_flagged_in_the_metrics_and_tensorboard(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -75,6 +75,7 @@ class GarbageAt:
         return b
 
 
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_training_skips_an_injected_nan_and_a_garbage_batch(tmp_path):
     from trainer.train import Trainer, build_sources
 

@@ -58,6 +58,7 @@ def test_a_bad_bf16_value_is_refused_naming_the_field(tmp_path):
         from_dict(RunConfig, run_dict(tmp_path, deepspeed={"bf16": "yes"}))
 
 
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_on_an_avx2_only_cpu_the_run_is_fp32_recorded_everywhere_and_mfu_at_most_one(tmp_path):
     run = write_run(tmp_path / "run.json", train_tokens=6 * 8 * 64, deepspeed={"zero_stage": 1},
                     checkpoint={"interval_steps": 3})
@@ -81,6 +82,7 @@ def test_on_an_avx2_only_cpu_the_run_is_fp32_recorded_everywhere_and_mfu_at_most
     assert any("kernels AVX2 | fp32 | 1 threads" in key for key in cached), cached
 
 
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_a_resumed_run_keeps_its_precision_unless_forced(tmp_path, monkeypatch):
     from trainer.train import Trainer
 
@@ -109,6 +111,7 @@ def test_a_resumed_run_keeps_its_precision_unless_forced(tmp_path, monkeypatch):
     assert manifest["precision"]["dtype"] == "bf16" and manifest["precision"]["requested"] == "true"
 
 
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_a_forced_precision_change_at_zero_0_is_refused_naming_the_field(tmp_path):
     from trainer.checkpoint import ResumeRefused
     from trainer.train import Trainer

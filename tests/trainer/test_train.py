@@ -48,6 +48,7 @@ def test_demo_model_learns_below_the_unigram_entropy(tmp_path):
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["steps"] == 60
 
 
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_bf16_weights_with_fp32_master_weights(tmp_path):
     trainer = _trainer(tmp_path, deepspeed={"zero_stage": 1, "bf16": True})
     trainer.step()
@@ -62,6 +63,7 @@ def test_bf16_weights_with_fp32_master_weights(tmp_path):
     assert state["exp_avg"].dtype == torch.float32 and state["step"].item() == 1
 
 
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_batch_ramp_changes_accumulation_and_keeps_tokens_exact(tmp_path):
     trainer = _trainer(tmp_path, train_tokens=10 * 8 * 64,
                        batch={"global_batch": 8, "micro_batch": 2, "ramp_start": 2, "ramp_tokens": 8 * 64 * 3})
