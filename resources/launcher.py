@@ -54,7 +54,8 @@ from dagster import (
 )
 
 from resources.slurm import SlurmConfig, pipes_files, srun_command
-from trainer.exits import DRAIN_ENV, DRAIN_EXIT  # torch-free (trainer/exits.py): the launcher never imports torch
+# trainer/exits.py is torch-free: the launcher never imports torch.
+from trainer.exits import DRAIN_ENV, DRAIN_EXIT, FAILURE_FILE, NOT_RESTARTABLE
 
 
 @dataclass
@@ -242,12 +243,8 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-# The trainer's exit statuses a restart cannot help (trainer/__main__.py): the launch fails at once.
-NOT_RESTARTABLE = {2: "a bad config or a checkpoint this config refuses", 3: "the spike guard stopped the run",
-                   5: "a rank stopped for silent data corruption"}
 # Written by the trainer when it fails ({"kind": "hang", "exit_status": 4, "rank": r, "step": s, "host": h,
 # "message": "..."}, trainer/watchdog.py): its exit_status is the one that counts, the kind and message the reason.
-FAILURE_FILE = "failure.json"
 
 
 def _tee(stream, tail: deque) -> None:

@@ -34,6 +34,11 @@ KINDS = {"config": CONFIG_EXIT, "guard_stop": GUARD_EXIT, "hang": HANG_EXIT, "sd
          "straggler": DRAIN_EXIT}
 FAILURE_FIELDS = ("kind", "exit_status", "message", "rank", "host", "step")  # the first three always present
 
+# The statuses a restart cannot help: the launcher fails the launch at once, with this reason.
+NOT_RESTARTABLE = {CONFIG_EXIT: "a bad config or a checkpoint this config refuses",
+                   GUARD_EXIT: "the spike guard stopped the run",
+                   SDC_EXIT: "a rank stopped for silent data corruption"}
+
 DRAIN_ENV = "PRETRAIN_LAUNCHER_CAN_DRAIN"  # set by a launcher that can restart without a node
 
 

@@ -298,7 +298,7 @@ def load_stage(spec: str, *, seq_len: int | None = None) -> tuple[str, ModelShap
         raise ValueError(f"{source}: expected a JSON object, got {type(config).__name__}")
     try:
         if "model" in config:
-            from trainer.config import RunConfig, from_dict  # pure stdlib, like this module
+            from trainer.config import RunConfig, from_dict  # imported here: only a run config needs pydantic
 
             run = from_dict(RunConfig, config)
             shape = ModelShape.from_model_config(run.model, seq_len=seq_len or run.batch.seq_len)

@@ -105,10 +105,8 @@ class TrainState:
 
 
 def _with_bf16(cfg: RunConfig, bf16: bool) -> RunConfig:
-    """cfg with deepspeed.bf16 resolved (a pydantic model's copy, or a dataclass's while config.py is one)."""
-    if hasattr(cfg, "model_copy"):
-        return cfg.model_copy(update={"deepspeed": cfg.deepspeed.model_copy(update={"bf16": bf16})})
-    return dataclasses.replace(cfg, deepspeed=dataclasses.replace(cfg.deepspeed, bf16=bf16))
+    """cfg with deepspeed.bf16 resolved ("auto" becomes what the hardware does natively)."""
+    return cfg.model_copy(update={"deepspeed": cfg.deepspeed.model_copy(update={"bf16": bf16})})
 
 
 class Trainer:

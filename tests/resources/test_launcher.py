@@ -15,6 +15,7 @@ from dagster import AssetExecutionContext, DagsterInstance, MaterializeResult, M
 from resources.launcher import LauncherResource
 from tests.conftest import REPO
 from tests.trainer.conftest import run_dict
+from tests.trainer.faults import fault_env
 from trainer.checkpoint_store import LocalCheckpoints
 
 
@@ -336,9 +337,9 @@ def test_a_hang_ended_by_the_watchdog_is_restarted_from_the_last_checkpoint(tmp_
                                        LauncherResource(launcher="torchrun", nproc_per_node=2))
     assert error is None, error
     config = run(tmp_path / "out")
-    # trainer/faults.py: rank 1 sleeps inside step 7, in the first attempt only.
+    # tests/trainer/faults.py: rank 1 sleeps inside step 7, in the first attempt only.
     fault = f"hang:rank=1,step=7,seconds=600,once={tmp_path / 'hang-once'}"
-    launcher = LauncherResource(launcher="torchrun", nproc_per_node=2, env={"PRETRAIN_TEST_FAULT": fault})
+    launcher = LauncherResource(launcher="torchrun", nproc_per_node=2, env=fault_env(fault))
     metadata, logs, error = _materialize(_launching_asset(config, tmp_path / "work"), launcher)
     assert error is None, error
     [restart] = metadata["restart_log"]

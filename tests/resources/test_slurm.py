@@ -18,6 +18,7 @@ from resources.slurm import SlurmConfig, node_script
 from tests.conftest import REPO
 from tests.ports import free_port
 from tests.trainer.conftest import run_dict
+from tests.trainer.faults import fault_env
 
 
 def test_the_srun_command_and_each_nodes_torchrun(tmp_path):
@@ -149,7 +150,7 @@ def test_a_straggling_node_is_drained_and_the_job_goes_on_without_it(slurm, tmp_
     run resumes on the other node alone at the same global batch (its checkpoint resharded)."""
     job_name = f"pretrain-drain-{uuid.uuid4().hex[:8]}"
     launcher = LauncherResource(launcher="slurm", nnodes=2, nproc_per_node=1,
-                                env={**ENV, "PRETRAIN_TEST_FAULT": "slow:rank=1,seconds=0.4"},
+                                env={**ENV, **fault_env("slow:rank=1,seconds=0.4")},
                                 slurm=SlurmConfig(partition=slurm.partition, time="00:10:00", cpus_per_task=1,
                                                   job_name=job_name, rdzv_port=free_port()))
     config = run_dict(tmp_path / "out", train_tokens=10 * 8 * 64, deepspeed={"zero_stage": 1},
