@@ -34,7 +34,7 @@ import zipfile  # noqa: E402
 import orjson  # noqa: E402
 
 from pipelines.dedup import DedupConfig, deduplicate, normalized_words  # noqa: E402
-from pipelines.ingest import iter_documents  # noqa: E402
+from pipelines.shards import iter_documents  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 PASSAGE_WORDS = 250

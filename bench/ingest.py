@@ -74,7 +74,8 @@ def run_datatrove(work: Path, warc: Path) -> tuple[int, float]:
 
 def run_ours(work: Path, workers: int, warc: Path) -> tuple[int, float, dict]:
     sys.path.insert(0, str(REPO))
-    from pipelines.ingest import ReaderConfig, ingest_source
+    from pipelines.ingest import ingest_source
+    from pipelines.readers import ReaderConfig
 
     start = time.perf_counter()
     stats = ingest_source(

@@ -37,9 +37,9 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from pipelines.ingest import iter_documents  # noqa: E402
+from pipelines.shards import iter_documents  # noqa: E402
 from pipelines.tokenize import PackingConfig, TokenizerConfig, pack_documents, sample_texts, train_tokenizer  # noqa: E402
-from storage.manifest import commit_folder
+from storage.manifest import commit_folder  # noqa: E402
 from storage.objects import open_store  # noqa: E402
 from trainer.data import DataConfig, MixtureDataset  # noqa: E402
 from trainer.precision import resolve_precision  # noqa: E402

@@ -9,7 +9,7 @@ import pytest
 
 from pipelines.decontam import BenchmarkIndex, DecontamConfig, Decontaminator, benchmark_texts, decontaminate
 from pipelines.dedup import WordHasher, ngram_hashes, normalized_words
-from pipelines.ingest import iter_documents
+from pipelines.shards import iter_documents
 from tests.conftest import SHARED_DATA
 
 BENCH = SHARED_DATA / "benchmarks"

@@ -9,7 +9,9 @@ import orjson
 import pytest
 
 from pipelines.dedup import DedupConfig, MinHasher, WordHasher, deduplicate, estimated_jaccard, ngram_hashes, normalized_words
-from pipelines.ingest import ReaderConfig, ingest_source, iter_documents
+from pipelines.ingest import ingest_source
+from pipelines.readers import ReaderConfig
+from pipelines.shards import iter_documents
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,9 @@ from pipelines.filters import (
     lid176_path,
     scrub_pii,
 )
-from pipelines.ingest import ReaderConfig, ingest_source, iter_documents
+from pipelines.ingest import ingest_source
+from pipelines.readers import ReaderConfig
+from pipelines.shards import iter_documents
 from pipelines.quality_model import QualityClassifierConfig, QualityScorer, read_labelled, train_quality_classifier
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,14 +16,9 @@ from warcio.archiveiterator import ArchiveIterator
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
-from pipelines.ingest import (
-    BadInputError,
-    IngestStats,
-    ReaderConfig,
-    expand_inputs,
-    ingest_source,
-    iter_documents,
-)
+from pipelines.ingest import BadInputError, IngestStats, ingest_source
+from pipelines.readers import ReaderConfig, expand_inputs
+from pipelines.shards import iter_documents
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO.parent / "shared" / "data"

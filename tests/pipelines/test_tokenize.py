@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.ingest import ReaderConfig, expand_inputs, ingest_source, iter_documents
+from pipelines.ingest import ingest_source
+from pipelines.readers import ReaderConfig, expand_inputs
+from pipelines.shards import iter_documents
 from pipelines.tokenize import (
     PackingConfig,
     TokenizerConfig,

@@ -11,7 +11,7 @@ from dagster import AssetKey, DagsterInstance
 
 from assets.cli import main
 from assets.recipe import DEMO_RECIPE
-from pipelines.ingest import iter_documents
+from pipelines.shards import iter_documents
 from pipelines.tokenize import PackingConfig, is_val
 from trainer.data import DataConfig, MixtureDataset, PackedSource
 
