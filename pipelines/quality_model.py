@@ -130,8 +130,11 @@ def read_labelled(paths: list[Path]) -> list[dict]:
         for i, line in enumerate(path.read_text().splitlines(), 1):
             if not line.strip():
                 continue
-            row = json.loads(line)
-            if "text" not in row or row.get("label") not in (0, 1, "0", "1"):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{i}: not valid JSON: {exc}") from exc
+            if not isinstance(row, dict) or "text" not in row or row.get("label") not in (0, 1, "0", "1"):
                 raise ValueError(f"{path}:{i}: a labelled row needs 'text' and 'label' 0 or 1")
             rows.append(row)
     return rows

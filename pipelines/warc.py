@@ -13,6 +13,14 @@ many records it held (an unknown number).
 A member's records are handed out only after its gzip trailer (CRC and length) has been checked, so a damaged
 member never leaks garbage records; only a member too large to hold (a non-standard whole-file gzip) streams its
 records before its end is verified.
+
+warcio is used in three places where its own behaviour would lose or invent records, each narrowed here:
+- it sniffs WARC or ARC afresh for each member (a new iterator each), so a member holding a line of text became a
+  bogus ARC "response"; this module reads WARC (and WET, WAT) only, so such a member is bad_warc_record damage;
+- it raised AttributeError on an HTTP record (response, request, revisit) without WARC-Target-URI, which ended
+  the file; such a record is now bad_warc_record damage and reading goes on;
+- its Content-Encoding decoder wrote a decoding error met part-way to stderr and dropped the rest of the body,
+  so a corrupt payload came out short; it is now bad_content_encoding damage.
 """
 
 from __future__ import annotations
@@ -23,8 +31,9 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 
 from warcio.archiveiterator import ArchiveIterator
+from warcio.bufferedreaders import BufferedReader, ChunkedDataReader
 from warcio.exceptions import ArchiveLoadFailed
-from warcio.recordloader import ArcWarcRecord
+from warcio.recordloader import ArcWarcRecord, ArcWarcRecordLoader
 from warcio.statusandheaders import StatusAndHeadersParser, StatusAndHeadersParserException
 
 GZIP_MAGIC = b"\x1f\x8b\x08"  # gzip id bytes + the deflate method: where a member can start
@@ -61,6 +70,84 @@ class WarcDamage:
     origin: str
     detail: str
     record_id: str | None = None
+
+
+class _WarcRecordLoader(ArcWarcRecordLoader):
+    """warcio's record loader, minus its crash on an HTTP record without WARC-Target-URI (it calls uri.startswith).
+
+    Such a record is left without parsed HTTP headers here and reported as damage by _read_record."""
+
+    def load_http_headers(self, rec_type, uri, stream, length):
+        if uri is None:
+            return None
+        return super().load_http_headers(rec_type, uri, stream, length)
+
+
+class _WarcIterator(ArchiveIterator):
+    """warcio's ArchiveIterator for WARC records only: never ARC, whatever the first line of a stream looks like."""
+
+    def __init__(self, fileobj):
+        super().__init__(fileobj)
+        self.known_format = "warc"  # warcio then parses WARC headers only: anything else is ArchiveLoadFailed
+        self.loader = _WarcRecordLoader(verify_http=False, arc2warc=False)  # ArchiveIterator's own defaults
+
+
+class ContentEncodingError(Exception):
+    """A payload's Content-Encoding could not be decoded (raised where warcio would print and truncate)."""
+
+
+class _StrictDecoding:
+    """warcio's Content-Encoding decoding, except that a decoder error is raised, not swallowed.
+
+    warcio takes a body whose first block does not decode for one sent without the encoding and passes it through
+    as it is (kept: servers do lie about Content-Encoding), unless it starts with the gzip magic under a gzip
+    encoding, which is then a damaged gzip stream. An error after some output was decoded was written to stderr
+    by warcio and the rest of the body dropped: here it raises ContentEncodingError. A body that merely ends early
+    (a truncated record, WARC-Truncated) still gives what it decoded, as with warcio."""
+
+    _started = False  # whether a block was given to the decoder (warcio's own test, bytes out, misses a block
+    # that gave none, e.g. one holding only a gzip header, and then passed the rest through undecoded)
+
+    def _decompress(self, data):
+        if self.decompressor is None or not data:
+            return super()._decompress(data)
+        if not self._started:
+            decomp_type = self.decomp_type
+            out = super()._decompress(data)  # warcio's guess; for deflate, it retries as raw deflate
+            self._started = True
+            if self.decompressor is None and decomp_type == "gzip" and data.startswith(GZIP_MAGIC):
+                raise ContentEncodingError("gzip: a body with a gzip header that does not decompress")
+            return out
+        try:
+            return self.decompressor.decompress(data)
+        except Exception as exc:
+            raise ContentEncodingError(
+                f"{self.decomp_type}: {type(exc).__name__}: {exc} (after {self.num_block_read} decoded bytes)"
+            ) from None
+
+
+class _StrictBufferedReader(_StrictDecoding, BufferedReader):
+    pass
+
+
+class _StrictChunkedDataReader(_StrictDecoding, ChunkedDataReader):
+    pass
+
+
+def _content_stream(record: ArcWarcRecord):
+    """ArcWarcRecord.content_stream (warcio 1.8), with decoders that raise ContentEncodingError."""
+    if not record.http_headers:
+        return record.raw_stream
+    encoding = record.http_headers.get_header("content-encoding")
+    if encoding:
+        encoding = encoding.lower()
+        if encoding not in BufferedReader.get_supported_decompressors():
+            encoding = None
+    if record.http_headers.get_header("transfer-encoding") == "chunked":
+        return _StrictChunkedDataReader(record.raw_stream, decomp_type=encoding)
+    if encoding:
+        return _StrictBufferedReader(record.raw_stream, decomp_type=encoding)
+    return record.raw_stream
 
 
 class GzipDamage(Exception):
@@ -218,7 +305,7 @@ def _read_gzip_warc(raw: BinaryIO, name: str, max_payload_bytes: int) -> Iterato
         held: list[WarcEntry | WarcDamage] = []
         held_bytes = 0
         try:
-            for k, record in enumerate(ArchiveIterator(stream)):
+            for k, record in enumerate(_WarcIterator(stream)):
                 origin = f"{name}:{start}" + (f"#{k}" if k else "")
                 entry = _read_record(record, origin, max_payload_bytes)
                 held.append(entry)
@@ -250,7 +337,7 @@ def _read_gzip_warc(raw: BinaryIO, name: str, max_payload_bytes: int) -> Iterato
 
 def _read_plain_warc(raw: BinaryIO, name: str, max_payload_bytes: int) -> Iterator[WarcEntry | WarcDamage]:
     """An uncompressed WARC: there is no framing to resynchronize on, so a malformed record ends the file."""
-    iterator = ArchiveIterator(raw)
+    iterator = _WarcIterator(raw)
     # Each entry is handed out one record late: only once warcio has read a record to its end (when it moves to
     # the next) does its length limit show whether the file ended inside it.
     previous: tuple[ArcWarcRecord, WarcEntry | WarcDamage] | None = None
@@ -278,6 +365,9 @@ def _unless_truncated(record: ArcWarcRecord, entry: WarcEntry | WarcDamage) -> W
 
 _HTTP_PARSER = StatusAndHeadersParser(["HTTP/1.0", "HTTP/1.1"], verify=False)
 
+# Record types that carry an HTTP message and, by the WARC standard, must name their WARC-Target-URI.
+HTTP_RECORD_TYPES = ArcWarcRecordLoader.HTTP_RECORDS  # ("response", "request", "revisit")
+
 
 def _read_record(record: ArcWarcRecord, origin: str, max_payload_bytes: int) -> WarcEntry | WarcDamage:
     headers = record.rec_headers
@@ -294,6 +384,8 @@ def _read_record(record: ArcWarcRecord, origin: str, max_payload_bytes: int) -> 
         http_status=None,
         payload=None,
     )
+    if rec_type in HTTP_RECORD_TYPES and entry.url is None:
+        return WarcDamage("bad_warc_record", origin, f"a {rec_type} record without WARC-Target-URI", record_id)
     if rec_type not in PAYLOAD_TYPES:
         return entry
     if record.http_headers is None and rec_type == "response" and (warc_type or "").startswith("application/http"):
@@ -307,7 +399,7 @@ def _read_record(record: ArcWarcRecord, origin: str, max_payload_bytes: int) -> 
         entry.content_type = record.http_headers.get_header("Content-Type")
     try:
         # content_stream() undoes chunking and Content-Encoding; read one byte past the cap to see oversize.
-        payload = record.content_stream().read(max_payload_bytes + 1)
+        payload = _content_stream(record).read(max_payload_bytes + 1)
     except GzipDamage:
         raise
     except Exception as exc:  # warcio's decoders raise assorted types on a lying Content-Encoding

@@ -168,15 +168,22 @@ def test_a_bad_labelled_row_is_named_by_file_and_line(tmp_path, line):
         read_labelled([path])
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="read_labelled checks a row's fields with a "
-                   "'<file>:<line>:' message but lets json.loads' own error out bare ('Unterminated string starting "
-                   "at: line 1 column 30 (char 29)'): it names neither the file nor the file's line")
 def test_a_labelled_line_that_is_not_json_is_named_by_file_and_line(tmp_path):
     path = tmp_path / "labels.jsonl"
     path.write_text('{"text": "fine", "label": 0}\n{"text": "cut off", "lab\n')
     with pytest.raises(ValueError) as err:
         read_labelled([path])
     assert "labels.jsonl:2" in str(err.value)
+    assert str(err.value).startswith(f"{path}:2: not valid JSON: Unterminated string")
+    assert isinstance(err.value.__cause__, json.JSONDecodeError)  # json's own error, with its column, is kept
+
+
+@pytest.mark.parametrize("line", ['"text and label"', '[{"text": "x", "label": 1}]', "1"])
+def test_a_labelled_line_that_is_json_but_no_object_is_named_by_file_and_line(tmp_path, line):
+    path = tmp_path / "labels.jsonl"
+    path.write_text('{"text": "fine", "label": 0}\n' + line + "\n")
+    with pytest.raises(ValueError, match=r"labels\.jsonl:2: a labelled row needs 'text' and 'label' 0 or 1"):
+        read_labelled([path])
 
 
 def test_the_real_dclm_labelled_files_read_row_for_row(shared_data):
