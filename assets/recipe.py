@@ -1,6 +1,6 @@
 """Recipes: the YAML a user edits, validated by pydantic before anything runs.
 
-A recipe composes the engines' own config types (a source's `reader` is `pipelines.ingest.ReaderConfig`),
+A recipe composes the engines' own config types (a source's `reader` is `pipelines.readers.ReaderConfig`),
 so a field added to an engine is a recipe field at once. Every error names the file and the field:
 
     recipes/mine.yaml: sources[1] (web).reader.min_text_chars: Input should be a valid integer
@@ -23,7 +23,7 @@ from assets.stages import EvaluationSection, MixingSection, TrainingSection
 from pipelines.decontam import DecontamConfig
 from pipelines.dedup import DedupConfig
 from pipelines.filter_config import FilterConfig
-from pipelines.ingest import ReaderConfig, expand_inputs
+from pipelines.readers import ReaderConfig, expand_inputs
 from pipelines.quality_model import QualityClassifierConfig
 from pipelines.tokenize import PackingConfig, TokenizerConfig
 

@@ -29,9 +29,6 @@ from pipelines.extraction import ExtractionTimeout, decode_text, extract_main_te
 from pipelines.readers import FORMATS, InputRecord, ReaderConfig, read_inputs, shorten
 from pipelines.shards import GzipLines, ShardWriter
 
-# Re-exported where callers outside pipelines/ (assets/, bench/) have always imported them from.
-from pipelines.readers import expand_inputs  # noqa: F401,E402  (re-exported)
-from pipelines.shards import iter_documents  # noqa: F401,E402  (re-exported)
 
 PROGRESS_EVERY = 1000  # records between progress reports
 CHUNK_RECORDS = 16  # records a worker process handles per task (a chunk of HTML pages is ~0.3 s of work)

@@ -20,7 +20,7 @@ from assets.curation.deduplicated import deduplicated_key
 from assets.plots import bar_chart
 from assets.recipe import Recipe, SourceConfig
 from pipelines.decontam import BenchmarkIndex, DecontamConfig, decontaminate
-from pipelines.ingest import expand_inputs
+from pipelines.readers import expand_inputs
 from storage.manifest import data_version_of
 
 # Bump when the decontamination code changes what it writes for the same settings.

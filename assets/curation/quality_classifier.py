@@ -10,7 +10,7 @@ from assets.core.factory import Inputs, OutputSpec, output_asset
 from assets.core.upstream import Output
 from assets.curation.raw_crawl import raw_crawl_key
 from assets.recipe import Recipe
-from pipelines.ingest import iter_documents
+from pipelines.shards import iter_documents
 from pipelines.quality_model import QualityClassifierConfig, read_labelled, train_quality_classifier
 
 # Bump when the classifier code changes what it writes for the same settings.

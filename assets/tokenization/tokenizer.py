@@ -14,7 +14,7 @@ from assets.core.factory import Inputs, OutputSpec, output_asset
 from assets.core.upstream import Output
 from assets.core.versioning import file_fingerprints
 from assets.recipe import Recipe
-from pipelines.ingest import iter_documents
+from pipelines.shards import iter_documents
 from pipelines.tokenize import adopt_tokenizer, round_trip_failures, sample_texts, special_ids, train_tokenizer
 
 # Bump when the code changes what it writes for the same settings.

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-import pipelines.ingest
-import pipelines.readers
 from pipelines.readers import InputRecord, ReaderConfig, expand_inputs, read_inputs
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
@@ -39,12 +37,6 @@ def test_expand_inputs(tmp_path):
         expand_inputs(["missing.jsonl"], DATA)
     with pytest.raises(ValueError, match="s3://"):
         expand_inputs(["s3://bucket/x.warc.gz"], DATA)
-
-
-def test_names_callers_import_from_ingest_are_the_readers_own():
-    # assets/ and bench/ import these from pipelines.ingest; they must stay the same objects.
-    assert pipelines.ingest.ReaderConfig is pipelines.readers.ReaderConfig
-    assert pipelines.ingest.expand_inputs is pipelines.readers.expand_inputs
 
 
 def test_reader_config_normalizes_and_validates():
