@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from assets.home import PG_URL_ENV, ensure_dagster_home
+from assets.home import PG_URL_ENV
 from assets.recipe import DEMO_RECIPE
 from tests.conftest import REPO
 from tests.ports import free_port
@@ -79,28 +79,6 @@ def write_recipe(path: Path) -> None:
                      "filter": {"gopher_repetition": {}, "gopher_quality": {}, "pii": {}}}
                     for name, inputs in SOURCES.items()],
     }, sort_keys=False))
-
-
-def test_sqlite_is_the_default_and_postgres_comes_from_the_environment(monkeypatch):
-    home = ensure_dagster_home()
-    config = yaml.safe_load((home / "dagster.yaml").read_text())
-    assert "storage" not in config  # Dagster's default: SQLite files in DAGSTER_HOME
-
-    monkeypatch.setenv(PG_URL_ENV, "postgresql+psycopg2://dagster:secret@db.internal:5432/dagster")
-    ensure_dagster_home()
-    text = (home / "dagster.yaml").read_text()
-    assert yaml.safe_load(text)["storage"] == {"postgres": {"postgres_url": {"env": PG_URL_ENV}}}
-    assert "secret" not in text  # the URL is read from the environment at load, never written down
-
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: true\n")  # the user's own file is kept
-    ensure_dagster_home()
-    assert (home / "dagster.yaml").read_text() == "telemetry:\n  enabled: true\n"
-
-    for wrong in ("mysql://db/dagster", "postgresql://dagster:secret@db.internal:5432/dagster"):
-        monkeypatch.setenv(PG_URL_ENV, wrong)  # a bare postgresql:// would load a driver that is not installed
-        with pytest.raises(ValueError, match=r"PRETRAIN_DAGSTER_PG_URL: expected postgresql\+psycopg2://") as err:
-            ensure_dagster_home()
-        assert "secret" not in str(err.value)
 
 
 @pytest.mark.slow  # 40-80 s on 2 busy cores: a server start, two runs, then four runs at once

@@ -1,0 +1,105 @@
+"""assets/curation/decontaminated.py: the OutputSpec for the demo recipe (key, reads, section, checks, failures),
+benchmark_files, and prepare/build run directly on a tiny committed dedup output and a one-line benchmark."""
+
+import dataclasses
+import gzip
+import json
+import logging
+from types import SimpleNamespace
+
+import pytest
+from dagster import AssetKey
+
+import assets.curation.decontaminated as decontaminated
+from assets.core.factory import Inputs
+from assets.core.upstream import Output
+from assets.core.versioning import code_version
+from assets.recipe import DEMO_RECIPE, Recipe, load_recipe
+from resources.scratch import ScratchResource
+from storage.local import LocalStore
+from storage.manifest import commit_folder, data_version_of
+
+BENCHMARK = "the quick brown fox jumps over the lazy dog near the river bank"
+
+
+def spec_of(monkeypatch, recipe, source):
+    monkeypatch.setattr(decontaminated, "output_asset", lambda spec: spec)
+    return decontaminated.decontaminated_asset(recipe, source)
+
+
+def test_demo_spec(monkeypatch):
+    recipe = load_recipe(DEMO_RECIPE)
+    spec = spec_of(monkeypatch, recipe, recipe.source("code"))
+    assert spec.key == AssetKey(["curation", "code", "decontaminated"]) == decontaminated.decontaminated_key("code")
+    assert (spec.group, spec.stage) == ("curation", "decontaminated")
+    assert dict(spec.reads) == {"documents": AssetKey(["curation", "deduplicated"])}
+    assert spec.section == {"source": "code", "decontamination": dataclasses.asdict(recipe.decontamination)}
+    assert spec.section["decontamination"]["ngram"] == 13 and spec.section["decontamination"]["action"] == "drop"
+    assert spec.code_version == code_version("decontaminated", "v1", spec.section)
+    assert [(c.asset_key, c.name, c.blocking) for c in spec.check_specs] == [
+        (spec.key, "documents_valid", False), (spec.key, "no_benchmark_ngrams", True)]
+    assert spec.failures == (ValueError,)
+    assert len(decontaminated.benchmark_files(recipe)) == len(recipe.decontamination.benchmarks) == 17
+
+
+def recipe_in(tmp_path, benchmarks, ngram=5):
+    (tmp_path / "docs.jsonl").write_text("{}\n")
+    return Recipe.model_validate({"name": "tiny", "path": tmp_path / "recipe.yaml",
+                                  "sources": [{"name": "web", "format": "jsonl", "inputs": ["docs.jsonl"]},
+                                              {"name": "code", "format": "jsonl", "inputs": ["docs.jsonl"]}],
+                                  "decontamination": {"benchmarks": benchmarks, "ngram": ngram}})
+
+
+def test_benchmark_files_none_found_and_missing(tmp_path):
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "a.txt").write_text(BENCHMARK)
+    (tmp_path / "bench" / "b.jsonl").write_text("{}")
+    assert decontaminated.benchmark_files(recipe_in(tmp_path, [])) == []
+    assert decontaminated.benchmark_files(recipe_in(tmp_path, ["bench/*"])) == [
+        tmp_path / "bench" / "a.txt", tmp_path / "bench" / "b.jsonl"]
+    with pytest.raises(ValueError, match=r"recipe 'tiny': decontamination.benchmarks: .*missing.txt"):
+        decontaminated.benchmark_files(recipe_in(tmp_path, ["bench/missing.txt"]))
+
+
+def committed_dedup(store, tmp_path, web_docs, code_docs, name="dedup"):
+    folder = tmp_path / name
+    for source, docs in (("web", web_docs), ("code", code_docs)):
+        (folder / source).mkdir(parents=True)
+        lines = "".join(json.dumps({"text": t, "id": f"{source}-{i}", "metadata": {}}) + "\n" for i, t in enumerate(docs))
+        (folder / source / "part-00000.jsonl.gz").write_bytes(gzip.compress(lines.encode()))
+    manifest = commit_folder(store, f"curation/deduplicated/{name}", folder, {})
+    return Output(AssetKey(["curation", "deduplicated"]), f"curation/deduplicated/{name}", manifest)
+
+
+def test_prepare_keys_on_its_own_slice_and_build_drops_the_contaminated_document(monkeypatch, tmp_path):
+    (tmp_path / "bench.txt").write_text(BENCHMARK + "\n")
+    recipe = recipe_in(tmp_path, ["bench.txt"])
+    spec = spec_of(monkeypatch, recipe, recipe.source("web"))
+    store = LocalStore(tmp_path / "store")
+    web = ["A clean document about gardening in the spring.",
+           f"Leaked: {BENCHMARK} and more words after it."]
+    dedup = committed_dedup(store, tmp_path, web, ["def f(): pass"])
+    context = SimpleNamespace(log=logging.getLogger("test"),
+                              resources=SimpleNamespace(scratch=ScratchResource(root=str(tmp_path / "work"))))
+    inputs = spec.prepare(Inputs(context=context, store=store, outputs={"documents": dedup}))
+    own = [f for f in dedup.manifest["files"] if f["path"].startswith("web/")]
+    assert inputs.key_upstream == {"curation/deduplicated[web]": data_version_of(own)}
+    assert inputs.fingerprints == [f"bench.txt:{(tmp_path / 'bench.txt').stat().st_size}"]
+    assert inputs.manifest == {"inputs": [str(tmp_path / "bench.txt")]}
+    # Another source's documents changed: this source's key input is the same.
+    other = committed_dedup(store, tmp_path, web, ["def g(): return 1"], name="dedup2")
+    assert other.data_version != dedup.data_version
+    assert spec.prepare(Inputs(context=context, store=store, outputs={"documents": other})).key_upstream == inputs.key_upstream
+    # The index was cached under the scratch root, once.
+    assert len(list((tmp_path / "work" / "decontam-index").glob("*.npz"))) == 1
+
+    work = tmp_path / "build"
+    (work / "out").mkdir(parents=True)
+    fields = spec.build(inputs.but(work=work), work / "out")
+    counts = fields["counts"]
+    assert (counts["in"], counts["kept"], counts["dropped"], counts["cut"]) == (2, 1, {"contaminated": 1}, 0)
+    assert counts["hits"] == {"bench": 1}
+    assert counts["benchmark_ngrams"] == len(BENCHMARK.split()) - 5 + 1  # every 5-gram of the one line
+    kept = [json.loads(line)["text"] for part in sorted((work / "out").glob("part-*.jsonl.gz"))
+            for line in gzip.decompress(part.read_bytes()).splitlines()]
+    assert kept == [web[0]]
