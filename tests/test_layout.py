@@ -123,3 +123,16 @@ def test_no_file_points_outside_the_repository_for_docs():
         if "shared/docs" in text:
             pointing.append(name)
     assert not pointing
+
+
+def test_every_module_has_its_mirrored_test_file():
+    # tests/ mirrors the packages: trainer/watchdog.py is unit-tested in tests/trainer/test_watchdog.py.
+    missing = []
+    for path in _source_files():
+        if path.name in ("__init__.py", "__main__.py"):
+            continue
+        rel = path.relative_to(REPO)
+        mirrored = REPO / "tests" / rel.parent / f"test_{rel.name}"
+        if not mirrored.is_file():
+            missing.append(str(mirrored.relative_to(REPO)))
+    assert not missing

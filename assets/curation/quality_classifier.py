@@ -69,4 +69,5 @@ def quality_classifier_asset(recipe: Recipe, config: QualityClassifierConfig):
         ),
         reads={name: raw_crawl_key(name) for name in config.negative_sources},
         prepare=prepare, build=build, metadata=metadata,
+        failures=(ValueError,),  # a reference or labelled file the recipe names is missing
     ))

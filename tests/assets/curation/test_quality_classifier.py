@@ -59,6 +59,8 @@ def test_prepare_fingerprints_every_file_and_names_a_missing_one(monkeypatch, tm
     (tmp_path / "bad.txt").unlink()
     with pytest.raises(ValueError, match=r"quality_classifier: file 'bad.txt' not found"):
         spec.prepare(Inputs(context=None, store=None, outputs={}))
+    # The factory turns a declared failure into a Dagster Failure carrying just this message.
+    assert ValueError in spec.failures
 
 
 def test_metadata_majority_baseline(monkeypatch, tmp_path):
