@@ -2,6 +2,7 @@
 from the object store, a changed global batch, the spike guard's rollback, training through an S3 outage.
 
 Tiny runs of 12 steps (global batch 8) saving every 3 steps; references are computed once per module.
+Long because the module-scoped reference runs are shared by every resume case; split, each file would train them again.
 """
 
 import json
