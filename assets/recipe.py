@@ -71,6 +71,19 @@ class SourceConfig(BaseModel):
         return {"name": self.name, "filter": pydantic.TypeAdapter(FilterConfig).dump_python(self.filter, mode="json")}
 
 
+class ChecksConfig(BaseModel):
+    """How the documents_valid asset check reads an output (assets/curation/checks.py): in chunks of at most
+    `chunk_documents` rows (every document), or on a seeded sample of `sample_documents` documents. How a check
+    is run, not what an asset makes: no asset's code version includes it, so changing it makes nothing stale."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["chunks", "sample"] = "chunks"
+    chunk_documents: int = Field(10_000, ge=1, description="Rows of the largest DataFrame a check builds")
+    sample_documents: int = Field(10_000, ge=1, description="Documents validated in `sample` mode")
+    seed: int = Field(0, description="Seed of the sample (`sample` mode): the same seed, the same sample")
+
+
 class Recipe(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -86,6 +99,7 @@ class Recipe(BaseModel):
     mixing: MixingSection | None = None  # the proxy-model mix sweep (assets/stages.py)
     training: TrainingSection | None = None  # main, long-context stages, anneal (assets/stages.py)
     evaluation: EvaluationSection = EvaluationSection()  # what each stage's final checkpoint is measured on
+    checks: ChecksConfig = ChecksConfig()  # how the documents checks read outputs (not in any code version)
 
     # Set by load_recipe, not by the YAML: where the recipe came from, to resolve relative inputs.
     path: Path | None = Field(None, exclude=True)
