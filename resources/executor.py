@@ -1,6 +1,6 @@
 """The datatrove executor resource: where a stage's pipeline steps run. Assets never choose; definitions.py does.
 
-    stats_path = executor.run(steps, logging_dir=work / "logs", tasks=2)
+    stats_path = executor.run(steps, logging_dir=work / "logs" / "filter", tasks=executor.tasks_for(len(files)))
 
 One method for every kind, so moving a stage to a cluster changes no asset code:
 
@@ -13,14 +13,26 @@ One method for every kind, so moving a stage to a cluster changes no asset code:
   that merges the stats) and waits for it. Run it from a login node whose filesystem the compute nodes share:
   logging_dir and the pipeline's input and output folders must be visible from the nodes.
 
-Every kind leaves the same files for the same steps and task count (tests/resources/test_executor.py compares
-manifests on local and Ray), and every kind returns the run's merged stats.json.
+Every kind leaves the same files for the same steps (tests/resources/test_executor.py compares manifests on local
+and Ray), and every kind returns the run's merged stats.json. The stages name their outputs after their input
+units, never after a task's rank, so the task count changes how the work is spread, not what is written.
+
+Tasks: a stage passes its natural count (`tasks_for(default)`: e.g. one task per input file); the resource's
+`tasks` setting (PRETRAIN_EXECUTOR_TASKS) overrides it for every stage, which is how a cluster run asks for more.
+
+Resume: a task that finished leaves datatrove's completion marker (logging_dir/completions/NNNNN) and its stats
+(logging_dir/stats/NNNNN.json). A run in a logging folder that has them runs only the tasks without one, then
+merges the stats of every task, old and new, so a stage killed half-way and materialized again does the rest
+and reports the counts of the whole. A folder left by a run with another task count starts over (the markers
+would name other shares of the input). `run` returns only when every task has completed, else raises: a stage
+commits its output only after that.
 `ExecutorResource.from_env()` is the environment mapping that definitions.py uses (PRETRAIN_EXECUTOR, ...):
 pydantic validates the variables (ExecutorEnvironment), as it does the recipe and the trainer's run.json.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -44,6 +56,7 @@ class ExecutorEnvironment(BaseModel):
 
     kind: Kind = Field("local", alias="PRETRAIN_EXECUTOR")
     workers: int | None = Field(None, alias="PRETRAIN_EXECUTOR_WORKERS")  # None: 1 for local, else -1 (no limit)
+    tasks: int | None = Field(None, alias="PRETRAIN_EXECUTOR_TASKS")  # None: each stage's own count
     cpus_per_task: int | None = Field(None, alias="PRETRAIN_EXECUTOR_CPUS_PER_TASK")
     mem_per_cpu_gb: float | None = Field(None, alias="PRETRAIN_EXECUTOR_MEM_PER_CPU_GB")
     ray_address: str | None = Field(None, alias="PRETRAIN_RAY_ADDRESS")
@@ -80,6 +93,7 @@ class ExecutorResource(ConfigurableResource):
 
     kind: Kind = "local"
     workers: int = 1  # tasks running at once; local: 1 = in this process; ray/slurm: -1 = no limit
+    tasks: int | None = None  # tasks per stage, for every stage; None: each stage's own count (tasks_for)
     cpus_per_task: int = 1  # ray and slurm: CPUs reserved for each task
     mem_per_cpu_gb: float = 2.0  # ray and slurm: memory reserved per CPU
     ray_address: str | None = None  # "HOST:PORT" of the cluster's head, "auto", or None for an in-process cluster
@@ -103,6 +117,8 @@ class ExecutorResource(ConfigurableResource):
         """Refuse a configuration that cannot run, naming the field (before any work starts)."""
         if self.workers < 1 and not (self.workers == -1 and self.kind != "local"):
             raise ValueError(f"executor.workers: must be >= 1 (or -1 for no limit with ray/slurm), got {self.workers}")
+        if self.tasks is not None and self.tasks < 1:
+            raise ValueError(f"executor.tasks: must be >= 1 (or unset: each stage's own count), got {self.tasks}")
         if self.cpus_per_task < 1:
             raise ValueError(f"executor.cpus_per_task: must be >= 1, got {self.cpus_per_task}")
         if self.mem_per_cpu_gb <= 0:
@@ -110,36 +126,42 @@ class ExecutorResource(ConfigurableResource):
         if self.kind == "slurm" and not self.slurm_partition:
             raise ValueError("executor.slurm_partition: required for kind 'slurm' (PRETRAIN_SLURM_PARTITION)")
 
-    def run(self, pipeline: list, *, logging_dir: str | Path, tasks: int = 1) -> Path:
-        """Run the steps as `tasks` datatrove tasks (each reads its share of the input files).
+    def tasks_for(self, default: int) -> int:
+        """The task count for a stage whose natural count is `default` (e.g. its input files): the resource's
+        `tasks` when set, else `default` (at least 1)."""
+        return self.tasks if self.tasks is not None else max(1, int(default))
 
-        Returns the path of the run's merged stats.json (per step: name and stats), which is what a stage
-        reads its counts from whatever the kind."""
+    def run(self, pipeline: list, *, logging_dir: str | Path, tasks: int = 1) -> Path:
+        """Run the steps as `tasks` datatrove tasks (each reads its share of the input), resuming the tasks a
+        previous run in the same logging_dir did not finish (see the module doc).
+
+        Returns the path of the merged stats.json of every task (per step: name and stats), which is what a
+        stage reads its counts from whatever the kind. Raises when any task did not complete."""
         if tasks < 1:
             raise ValueError(f"executor: tasks must be >= 1, got {tasks}")
         self.validate()
         logging_dir = Path(logging_dir)
-        if self.kind == "local":
-            from datatrove.executor import LocalPipelineExecutor
+        done = _completed_ranks(logging_dir, tasks)
+        if done:
+            print(f"executor ({self.kind}): {len(done)} of {tasks} tasks already completed in {logging_dir}; "
+                  f"running the other {tasks - len(done)}", file=sys.stderr)
+        if len(done) < tasks:
+            if self.kind == "local":
+                from datatrove.executor import LocalPipelineExecutor
 
-            executor = LocalPipelineExecutor(
-                pipeline,
-                tasks=tasks,
-                workers=min(self.workers, tasks),
-                logging_dir=str(logging_dir),
-                skip_completed=False,  # every call is a fresh output folder: never resume a stale one
-            )
-            executor.run()
-        elif self.kind == "ray":
-            self._run_on_ray(self.ray_executor(pipeline, logging_dir=logging_dir, tasks=tasks))
-        elif self.kind == "slurm":
-            self._run_on_slurm(self.slurm_executor(pipeline, logging_dir=logging_dir, tasks=tasks), logging_dir)
-        else:  # pragma: no cover - pydantic refuses other kinds
-            raise ValueError(f"executor: unknown kind {self.kind!r}")
-        stats = logging_dir / "stats.json"
-        if not stats.is_file():
-            raise RuntimeError(f"executor ({self.kind}): the run left no {stats}; see the task logs in {logging_dir}/logs")
-        return stats
+                LocalPipelineExecutor(pipeline, tasks=tasks, workers=min(self.workers, tasks - len(done)),
+                                      logging_dir=str(logging_dir), skip_completed=True).run()
+            elif self.kind == "ray":
+                self._run_on_ray(self.ray_executor(pipeline, logging_dir=logging_dir, tasks=tasks))
+            elif self.kind == "slurm":
+                self._run_on_slurm(self.slurm_executor(pipeline, logging_dir=logging_dir, tasks=tasks), logging_dir)
+            else:  # pragma: no cover - pydantic refuses other kinds
+                raise ValueError(f"executor: unknown kind {self.kind!r}")
+        missing = sorted(set(range(tasks)) - _completed_ranks(logging_dir, tasks))
+        if missing:
+            raise RuntimeError(f"executor ({self.kind}): tasks {missing[:10]} of {tasks} did not complete; see the "
+                               f"task logs in {logging_dir}/logs (materializing again runs only those)")
+        return _merge_stats(logging_dir, tasks)
 
     # -- Ray ---------------------------------------------------------------------------------------------------
     def ray_executor(self, pipeline: list, *, logging_dir: str | Path, tasks: int):
@@ -150,7 +172,7 @@ class ExecutorResource(ConfigurableResource):
             tasks=tasks,
             workers=tasks if self.workers == -1 else min(self.workers, tasks),
             logging_dir=str(logging_dir),
-            skip_completed=False,
+            skip_completed=True,
             cpus_per_task=self.cpus_per_task,
             mem_per_cpu_gb=self.mem_per_cpu_gb,
         )
@@ -194,7 +216,7 @@ class ExecutorResource(ConfigurableResource):
             sbatch_args=sbatch_args,
             logging_dir=str(logging_dir),
             slurm_logs_folder=str(logging_dir / "slurm_logs"),
-            skip_completed=False,
+            skip_completed=True,
         )
 
     def _run_on_slurm(self, executor, logging_dir: Path) -> None:
@@ -204,15 +226,8 @@ class ExecutorResource(ConfigurableResource):
         # datatrove returns once submitted; a stage needs the outputs, so wait for the array to leave the queue.
         while _squeue_has(executor.job_id):
             time.sleep(self.slurm_poll_seconds)
-        missing = executor.get_incomplete_ranks(skip_completed=True)
-        if missing:
-            raise RuntimeError(f"executor (slurm): job {executor.job_id} ended with tasks {missing[:10]} incomplete; "
-                               f"see {executor.slurm_logs_folder}")
-        # The stats job starts after the array (afterok); give it the time one poll cycle allows, several times.
-        for _ in range(20):
-            if (logging_dir / "stats.json").is_file():
-                return
-            time.sleep(self.slurm_poll_seconds)
+        # run() checks every task's completion marker and merges the stats itself: the job that datatrove adds
+        # to merge them is not waited for.
 
 
 def _squeue_has(job_id) -> bool:
@@ -220,3 +235,32 @@ def _squeue_has(job_id) -> bool:
     result = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%i"], capture_output=True, text=True)
     # squeue exits non-zero with "Invalid job id" once a finished job has been purged from its memory.
     return result.returncode == 0 and bool(result.stdout.strip())
+
+
+def _completed_ranks(logging_dir: Path, tasks: int) -> set[int]:
+    """The ranks whose completion marker and stats a previous run in logging_dir left, for this task count.
+    A folder used with another task count is cleared first: its markers name other shares of the input."""
+    record = logging_dir / "tasks"
+    if record.is_file() and record.read_text().strip() != str(tasks):
+        for name in ("completions", "stats", "stats.json"):
+            path = logging_dir / name
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    logging_dir.mkdir(parents=True, exist_ok=True)
+    record.write_text(f"{tasks}\n")
+    completions, stats = logging_dir / "completions", logging_dir / "stats"
+    return {rank for rank in range(tasks)
+            if (completions / f"{rank:05d}").is_file() and (stats / f"{rank:05d}.json").is_file()}
+
+
+def _merge_stats(logging_dir: Path, tasks: int) -> Path:
+    """stats.json: the sum of every task's stats/NNNNN.json, in rank order (datatrove's own merge covers only the
+    tasks of its last call)."""
+    from datatrove.utils.stats import PipelineStats
+
+    total = PipelineStats()
+    for rank in range(tasks):
+        total += PipelineStats.from_json(json.loads((logging_dir / "stats" / f"{rank:05d}.json").read_text()))
+    path = logging_dir / "stats.json"
+    with open(path, "w") as f:
+        total.save_to_disk(f)
+    return path

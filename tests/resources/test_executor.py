@@ -21,6 +21,8 @@ import dill
 import pytest
 import yaml
 
+from datatrove.pipeline.base import PipelineStep
+
 from assets.cli import main
 from assets.recipe import DEMO_RECIPE
 from resources.executor import ExecutorResource
@@ -42,7 +44,7 @@ def write_recipe(path: Path) -> None:
     for name, inputs in SOURCES.items():
         sources.append({
             "name": name, "format": "jsonl", "inputs": inputs, "reader": {"docs_per_shard": 20},
-            "filter": {**c4["filter"], "tasks": 4},
+            "filter": c4["filter"],
         })
     path.write_text(yaml.safe_dump({
         "name": "executors", "base_dir": str((DEMO_RECIPE.parent / raw["base_dir"]).resolve()), "sources": sources,
@@ -190,7 +192,7 @@ def test_slurm_kind_builds_the_job_array_datatrove_submits(tmp_path, monkeypatch
     executor = resource.slurm_executor(pipeline, logging_dir=logs, tasks=40)
     assert isinstance(executor, SlurmPipelineExecutor)
     assert (executor.partition, executor.tasks, executor.workers, executor.job_name) == ("cpu-long", 40, 8, "curation-filter")
-    assert executor.cpus_per_task == 2 and executor.time == "02:00:00" and not executor.skip_completed
+    assert executor.cpus_per_task == 2 and executor.time == "02:00:00" and executor.skip_completed
 
     with pytest.raises(subprocess.CalledProcessError):
         resource.run(pipeline, logging_dir=logs, tasks=40)
@@ -217,3 +219,55 @@ def test_slurm_without_sbatch_says_where_to_run(tmp_path, monkeypatch):
     resource = ExecutorResource(kind="slurm", slurm_partition="cpu")
     with pytest.raises(RuntimeError, match="sbatch is not on PATH"):
         resource.run([], logging_dir=tmp_path / "logs", tasks=1)
+
+
+class _RecordRuns(PipelineStep):
+    """Appends "<rank>" to runs.txt each time a task runs, counts rank + 1 in its stats, and fails the rank named
+    by a `fail-<rank>` file once (it removes the file), as a killed task would leave its share undone."""
+
+    name = "record runs"
+
+    def __init__(self, folder: str):
+        super().__init__()
+        self.folder = folder
+
+    def run(self, data, rank: int = 0, world_size: int = 1):
+        folder = Path(self.folder)
+        with open(folder / "runs.txt", "a") as f:
+            f.write(f"{rank}\n")
+        if (folder / f"fail-{rank}").exists():
+            (folder / f"fail-{rank}").unlink()
+            raise RuntimeError(f"task {rank} killed")
+        self.stat_update("weight", value=rank + 1)
+        yield from data or []
+
+
+def test_a_run_killed_half_way_resumes_only_the_unfinished_tasks_and_merges_every_tasks_stats(tmp_path):
+    executor = ExecutorResource(kind="local", workers=1)
+    (tmp_path / "fail-2").touch()
+    logs = tmp_path / "logs"
+    with pytest.raises(RuntimeError, match="task 2 killed"):
+        executor.run([_RecordRuns(str(tmp_path))], logging_dir=logs, tasks=4)
+    assert (tmp_path / "runs.txt").read_text().split() == ["0", "1", "2"]  # one by one in this process: 3 never ran
+    stats = json.loads(executor.run([_RecordRuns(str(tmp_path))], logging_dir=logs, tasks=4).read_text())
+    # Only the two unfinished tasks ran again, and the stats are those of all four (1 + 2 + 3 + 4).
+    assert (tmp_path / "runs.txt").read_text().split() == ["0", "1", "2", "2", "3"]
+    assert stats[0]["stats"]["weight"]["total"] == 10
+    # Done: a third run runs nothing and reports the same stats.
+    again = json.loads(executor.run([_RecordRuns(str(tmp_path))], logging_dir=logs, tasks=4).read_text())
+    assert (tmp_path / "runs.txt").read_text().split() == ["0", "1", "2", "2", "3"]
+    assert again[0]["stats"]["weight"]["total"] == 10
+    # Another task count shares the input differently: the folder's markers do not apply and every task runs.
+    (tmp_path / "runs.txt").unlink()
+    stats = json.loads(executor.run([_RecordRuns(str(tmp_path))], logging_dir=logs, tasks=2).read_text())
+    assert (tmp_path / "runs.txt").read_text().split() == ["0", "1"]
+    assert stats[0]["stats"]["weight"]["total"] == 3
+
+
+def test_the_task_count_is_the_stages_own_unless_the_resource_sets_one():
+    assert ExecutorResource().tasks_for(7) == 7
+    assert ExecutorResource().tasks_for(0) == 1  # a stage with no input still runs one task (it writes nothing)
+    assert ExecutorResource(tasks=4).tasks_for(7) == 4
+    assert ExecutorResource.from_env({"PRETRAIN_EXECUTOR_TASKS": "3"}).tasks_for(100) == 3
+    with pytest.raises(ValueError, match="executor.tasks: must be >= 1"):
+        ExecutorResource.from_env({"PRETRAIN_EXECUTOR_TASKS": "0"})
