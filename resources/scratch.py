@@ -13,6 +13,11 @@ class ScratchResource(ConfigurableResource):
 
     root: str
 
+    def version_dir(self, label: str, version_key: str) -> Path:
+        """The one folder of this output version (root/resume/<label>/<version key>): a build killed half-way
+        continues in it when materialized again."""
+        return Path(self.root) / "resume" / label / version_key
+
     def new_dir(self, label: str) -> Path:
         root = Path(self.root)
         root.mkdir(parents=True, exist_ok=True)

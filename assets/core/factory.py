@@ -10,7 +10,7 @@ An asset states what it reads and how it builds; the factory does the rest, the 
     4. else builds: `build(inputs, out_dir)` writes the output's files into `out_dir` (a scratch folder of its
        own, `inputs.work` beside it for downloads and logs) and returns the manifest's own fields ("counts",
        "files", ...); the folder is committed with the manifest last, so a build that raises commits nothing
-       and leaves its scratch folder for inspection;
+       and leaves its scratch folder for inspection (a `resumable` build continues in it next time);
     5. runs `checks(inputs, output)` on the committed output, read back from the store (a reused one as well);
     6. returns the data version, the output's location, `metadata(inputs, output)`, "version_key" and
        "data_version".
@@ -115,6 +115,10 @@ class OutputSpec:
     # A stable scratch folder per version, kept after the commit (a retried training run finds its
     # checkpoints there); None: a fresh folder, removed once the output is committed.
     work_dir: Callable[[Inputs], Path] | None = None
+    # Data stages on the executor: the scratch folder is the version's own (scratch/resume/<key>/<version>), so a
+    # build killed half-way and materialized again finds the tasks that finished (the executor skips them);
+    # removed once the output is committed.
+    resumable: bool = False
     out_name: str = "out"  # the committed folder's name inside the scratch folder
     kinds: frozenset[str] = frozenset({"python"})
     asset_args: Mapping[str, Any] = field(default_factory=dict)  # partitions_def, retry_policy, config_schema, ...
@@ -178,6 +182,10 @@ def _build_and_commit(spec: OutputSpec, inputs: Inputs, path: list[str], prefix:
     context = inputs.context
     if spec.work_dir is not None:
         work = spec.work_dir(inputs)
+    elif spec.resumable:
+        work = context.resources.scratch.version_dir("/".join(path), inputs.version_key)
+        if work.exists():
+            context.log.info(f"resuming the unfinished build of this version in {work}")
     else:
         work = context.resources.scratch.new_dir("/".join(path))
     out_dir = work / spec.out_name

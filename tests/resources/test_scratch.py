@@ -13,3 +13,11 @@ def test_each_new_dir_is_fresh_and_named_after_the_label(tmp_path):
     assert first.parent == tmp_path / "work"
     # A key's slashes would make nested folders; the label stays one folder name.
     assert first.name.startswith("curation-web-filtered-") and "/" not in first.name
+
+
+def test_version_dir_is_the_same_folder_for_the_same_version(tmp_path):
+    # A resumable build killed half-way finds its finished tasks there when materialized again.
+    scratch = ScratchResource(root=str(tmp_path / "work"))
+    first = scratch.version_dir("curation/deduplicated", "abc123")
+    assert first == scratch.version_dir("curation/deduplicated", "abc123") == tmp_path / "work/resume/curation/deduplicated/abc123"
+    assert scratch.version_dir("curation/deduplicated", "def456") != first
