@@ -141,14 +141,18 @@ class FilterConfig:
     code: CodeConfig | None = None
     quality_model: QualityModelConfig | None = None
     pii: PiiConfig | None = field(default_factory=PiiConfig)
-    tasks: int = 1  # datatrove tasks (at most one per input part); never changes which documents are kept
-
-    def __post_init__(self):
-        if self.tasks < 1:
-            raise ValueError(f"filter.tasks must be >= 1, got {self.tasks}")
+    # No task count here: how many tasks run is the executor's (PRETRAIN_EXECUTOR_TASKS; by default one per input
+    # part), and it never changes which documents are kept, so it is no part of the version.
 
     def list_files(self) -> list[str]:
         """Every blocklist file the settings name (their contents are part of the version)."""
         if self.url is None:
             return []
         return [*self.url.blocked_domains_files, *self.url.blocked_words_files, *self.url.blocked_subwords_files]
+
+
+# A misspelt or retired setting in a recipe's filter section is refused by name when pydantic reads it (the
+# recipe does), not silently ignored: pydantic takes a stdlib dataclass's settings from __pydantic_config__.
+for _settings in (UrlFilterConfig, LanguageConfig, GopherQualityConfig, GopherRepetitionConfig, C4Config,
+                  FineWebConfig, CodeConfig, QualityModelConfig, PiiConfig, FilterConfig):
+    _settings.__pydantic_config__ = {"extra": "forbid"}

@@ -5,8 +5,9 @@
     LocalPipelineExecutor(steps, tasks=1, workers=1, logging_dir="logs").run()
     counts = filter_counts(Path("logs"))   # {"in", "kept", "dropped": {reason: n}, "pii": {type: n}}
 
-writes out/web/part-NNNNN.jsonl.gz (kept documents, PII replaced by typed placeholders such as <EMAIL>) and
-out/web/rejected-<step>-NNNNN.jsonl.gz (each dropped document with metadata.filter_reason).
+writes, per input file raw/web/<part>.jsonl.gz, out/web/<part>.jsonl.gz (kept documents, PII replaced by typed
+placeholders such as <EMAIL>) and out/web/rejected-<step>-<part>.jsonl.gz (each dropped document with
+metadata.filter_reason): named after the input, so any number of tasks writes the same files.
 
 The steps are datatrove's where they fit (URL, language, Gopher, C4, FineWeb), configured from the recipe,
 plus small steps of our own: malformed URLs, language-aware stop words, code heuristics, the quality model and
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from gzip import GzipFile
 import re
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -37,16 +37,7 @@ from datatrove.pipeline.filters import (
     URLFilter,
 )
 from datatrove.pipeline.filters.base_filter import BaseFilter
-from datatrove.pipeline.readers import JsonlReader
-from datatrove.pipeline.writers import JsonlWriter
-from fsspec.compression import register_compression
 from datatrove.utils.lid import FT176LID
-
-# datatrove's writers gzip through fsspec, whose GzipFile stamps the current time and the file's path in
-# every header: the same documents would give different bytes, so a rebuilt output would get a new data
-# version and make everything downstream stale. Equal content, equal bytes (as pipelines/shards.py writes).
-register_compression("gzip", lambda f, **kwargs: GzipFile(fileobj=f, filename="", mtime=0, **kwargs), "gz",
-                     force=True)
 
 from pipelines.filter_config import (  # noqa: F401,E402  (re-exported: the settings belong with their steps)
     DEFAULT_STOP_WORDS,
@@ -62,6 +53,7 @@ from pipelines.filter_config import (  # noqa: F401,E402  (re-exported: the sett
     FilterConfig,
 )
 from pipelines.quality_model import QualityScorer
+from pipelines.shards import InputShardReader, InputShardWriter
 
 _WORD = re.compile(r"\w+")
 
@@ -355,7 +347,7 @@ def filter_steps(config: FilterConfig, *, lists_root: Path, model_path: Path | N
     def rejected(step: str):
         if rejected_dir is None:
             return None
-        return JsonlWriter(str(rejected_dir), output_filename=f"rejected-{step}-${{rank}}.jsonl.gz")
+        return InputShardWriter(str(rejected_dir), prefix=f"rejected-{step}-")
 
     steps: list[PipelineStep] = []
     if config.url:
@@ -396,10 +388,10 @@ def filter_steps(config: FilterConfig, *, lists_root: Path, model_path: Path | N
 
 def filter_pipeline(config: FilterConfig, *, input_dir: Path, output_dir: Path, lists_root: Path,
                     model_path: Path | None = None) -> list[PipelineStep]:
-    """Reader of input_dir/part-*.jsonl.gz -> filter_steps -> writer of output_dir/part-NNNNN.jsonl.gz;
-    dropped documents go to output_dir/rejected-<step>-NNNNN.jsonl.gz."""
-    reader = JsonlReader(str(input_dir), glob_pattern="part-*.jsonl.gz", add_file_path=False)
-    writer = JsonlWriter(str(output_dir), output_filename="part-${rank}.jsonl.gz")
+    """Reader of input_dir/part-*.jsonl.gz -> filter_steps -> writer of output_dir/<the same names>; dropped
+    documents go to output_dir/rejected-<step>-<input name>."""
+    reader = InputShardReader(str(input_dir), glob_pattern="part-*.jsonl.gz")
+    writer = InputShardWriter(str(output_dir))
     steps = filter_steps(config, lists_root=lists_root, model_path=model_path, rejected_dir=output_dir)
     return [reader, *steps, writer]
 

@@ -1,9 +1,10 @@
 """`curation/<source>/filtered`: the source's raw_crawl documents through its recipe `filter` steps
 (pipelines/filters.py), run by the executor resource.
 
-Kept documents are written as part-NNNNN.jsonl.gz, PII replaced by typed placeholders; every dropped document
-goes to rejected-<step>-NNNNN.jsonl.gz with metadata.filter_reason, and the manifest's counts say how many went
-for each reason. A source whose filter has `quality_model` also reads curation/quality_classifier.
+Kept documents are written under the name of the raw part they came from (part-*.jsonl.gz), PII replaced by
+typed placeholders; every dropped document goes to rejected-<step>-<part name> with metadata.filter_reason, and
+the manifest's counts say how many went for each reason. A source whose filter has `quality_model` also reads
+curation/quality_classifier.
 """
 
 import dataclasses
@@ -25,7 +26,7 @@ from assets.recipe import DEMO_RECIPE, Recipe, SourceConfig
 from pipelines.filters import FilterConfig, filter_counts, filter_pipeline
 
 # Bump when the filter code changes what it writes for the same settings.
-FILTERED_IMPLEMENTATION = "v1"
+FILTERED_IMPLEMENTATION = "v2"  # v2: outputs named after their input parts, not the task's rank
 
 
 def filtered_key(source_name: str) -> AssetKey:
@@ -75,7 +76,8 @@ def filtered_asset(recipe: Recipe, source: SourceConfig):
                                 lists_root=Path("/"), model_path=model_path)  # list paths are absolute
         started = time.perf_counter()
         executor = inputs.resources.executor
-        stats_path = executor.run(steps, logging_dir=work / "logs", tasks=min(source.filter.tasks, max(1, len(files))))
+        # One task per input part by default; every part's output is named after it, so the count is free.
+        stats_path = executor.run(steps, logging_dir=work / "logs" / "filter", tasks=executor.tasks_for(len(files)))
         seconds = time.perf_counter() - started
         counts = filter_counts(stats_path.parent)
         written = [{"path": p.name, "records": _count_lines(p)} for p in sorted(out_dir.glob("*.jsonl.gz"))]
@@ -115,7 +117,7 @@ def filtered_asset(recipe: Recipe, source: SourceConfig):
         reads=reads, build=build, metadata=metadata,
         # On the committed output, read back from the store: a reused output is checked as well.
         checks=checks, check_specs=[documents_check_spec(key)],
-        resources=frozenset({"executor"}), out_name="output",
+        resources=frozenset({"executor"}), out_name="output", resumable=True,
     ))
 
 

@@ -32,12 +32,12 @@ class Section(pydantic.BaseModel):
     filter: FilterConfig = FilterConfig()
 
 
-def test_by_default_only_pii_masking_runs_with_one_task():
+def test_by_default_only_pii_masking_runs():
     config = FilterConfig()
-    steps = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name != "tasks"}
+    steps = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
     assert {name for name, step in steps.items() if step is not None} == {"pii"}
     assert config.pii == PiiConfig(email=True, ip=True, phone=True, credentials=True)
-    assert config.tasks == 1 and config.list_files() == []
+    assert config.list_files() == []
     # Each FilterConfig gets its own PiiConfig instance (a default_factory, not one shared object).
     assert FilterConfig().pii is not FilterConfig().pii
 
@@ -79,12 +79,6 @@ def test_quality_model_threshold_is_a_probability(threshold, ok):
             QualityModelConfig(threshold=threshold)
 
 
-@pytest.mark.parametrize("tasks", [0, -3])
-def test_tasks_below_one_is_refused_by_name(tasks):
-    with pytest.raises(ValueError, match=f"filter.tasks must be >= 1, got {tasks}"):
-        FilterConfig(tasks=tasks)
-
-
 def test_list_files_names_every_blocklist_domains_then_words_then_subwords():
     url = UrlFilterConfig(blocked_domains_files=("d1.txt", "d2.txt"), blocked_words_files=("w.txt",),
                           blocked_subwords_files=("s.txt",))
@@ -120,11 +114,11 @@ def test_a_recipe_section_round_trips_through_json():
         url=UrlFilterConfig(blocked_domains_files=("lists/domains.txt",), drop_missing_url=True),
         language=LanguageConfig(languages=("en", "de"), min_score=0.5),
         gopher_quality=GopherQualityConfig(min_doc_words=None, stop_words={"en": ("the", "and")}),
-        c4=C4Config(min_num_sentences=-1), quality_model=QualityModelConfig(threshold=0.2), pii=None, tasks=4)
+        c4=C4Config(min_num_sentences=-1), quality_model=QualityModelConfig(threshold=0.2), pii=None)
     adapter = pydantic.TypeAdapter(FilterConfig)
     as_json = adapter.dump_python(config, mode="json")
     assert as_json["language"] == {"languages": ["en", "de"], "min_score": 0.5}
-    assert as_json["pii"] is None and as_json["tasks"] == 4
+    assert as_json["pii"] is None
     back = adapter.validate_python(as_json)
     assert back == config and isinstance(back.language.languages, tuple)
     assert back.gopher_quality.stop_words == {"en": ("the", "and")}
@@ -146,3 +140,12 @@ def test_a_misspelled_setting_in_a_recipe_is_refused_not_ignored():
     # An empty step section turns the step on with its defaults; null leaves it off.
     on = Section.model_validate({"filter": {"fineweb": {}, "pii": None}}).filter
     assert on.fineweb == FineWebConfig() and on.pii is None
+
+
+def test_a_misspelt_or_retired_setting_is_refused_by_name_not_ignored():
+    adapter = pydantic.TypeAdapter(FilterConfig)
+    with pytest.raises(pydantic.ValidationError, match=r"language\.min_scor\n  Unexpected keyword argument"):
+        adapter.validate_python({"language": {"languages": ["en"], "min_scor": 0.5}})
+    # The task count moved to the executor (PRETRAIN_EXECUTOR_TASKS): an old recipe says so instead of running on.
+    with pytest.raises(pydantic.ValidationError, match=r"tasks\n  Unexpected keyword argument"):
+        adapter.validate_python({"tasks": 4})

@@ -222,7 +222,7 @@ def test_quality_classifier_beats_chance_on_the_labelled_documents(shared_data, 
 
 @pytest.mark.parametrize("bad, message", [
     (dict(language=dict(languages=())), "at least one language"),
-    (dict(tasks=0), "tasks"),
+    (dict(tasks=4), "tasks"),  # the executor's setting now (PRETRAIN_EXECUTOR_TASKS), not the recipe's
 ])
 def test_bad_settings_name_the_field(bad, message):
     import pydantic

@@ -1,4 +1,5 @@
-"""The one gzip JSON-lines shard writer: rollover at its size limit, reproducible bytes, side files, reading back."""
+"""The one gzip JSON-lines shard writer: rollover at its size limit, reproducible bytes, side files, reading back;
+and the datatrove reader/writer pair that names outputs after inputs, so any task count writes the same files."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
+from datatrove.executor import LocalPipelineExecutor
+from datatrove.pipeline.base import PipelineStep
 
-from pipelines.shards import GzipLines, ShardWriter, iter_documents
+from pipelines.shards import INPUT_SHARD, GzipLines, InputShardReader, InputShardWriter, ShardWriter, iter_documents
 
 GSM8K = Path(__file__).resolve().parents[3] / "shared" / "data" / "math" / "gsm8k_train.jsonl"
 
@@ -116,3 +119,60 @@ def test_reading_skips_blank_lines(tmp_path):
 def test_bad_shard_size_is_refused(tmp_path):
     with pytest.raises(ValueError, match="records_per_shard"):
         ShardWriter(tmp_path, records_per_shard=0, compresslevel=3)
+
+
+class _DropOdd(PipelineStep):
+    """Drops documents whose id ends in an odd digit into an exclusion writer (as our filters do)."""
+
+    name = "drop odd"
+
+    def __init__(self, rejected: InputShardWriter):
+        super().__init__()
+        self.rejected = rejected
+
+    def run(self, data, rank: int = 0, world_size: int = 1):
+        with self.rejected:
+            for doc in data:
+                if int(doc.id[-1]) % 2:
+                    self.rejected.write(doc, rank)
+                else:
+                    yield doc
+
+
+def shard_stage(in_dir: Path, out_dir: Path, logs: Path, *, tasks: int, workers: int) -> dict[str, bytes]:
+    steps = [InputShardReader(str(in_dir), glob_pattern="part-*.jsonl.gz"),
+             _DropOdd(InputShardWriter(str(out_dir), prefix="rejected-")), InputShardWriter(str(out_dir))]
+    LocalPipelineExecutor(steps, tasks=tasks, workers=workers, logging_dir=str(logs)).run()
+    return {p.name: p.read_bytes() for p in sorted(out_dir.iterdir())}
+
+
+def test_datatrove_stages_name_outputs_after_their_inputs_so_any_task_count_writes_the_same_bytes(tmp_path):
+    # Five real input shards of unequal sizes; no output may depend on which task read which shard.
+    records = gsm8k_records(230)
+    write(tmp_path / "in", records, records_per_shard=50)
+    outputs = {(tasks, workers): shard_stage(tmp_path / "in", tmp_path / f"out-{tasks}-{workers}",
+                                             tmp_path / f"logs-{tasks}-{workers}", tasks=tasks, workers=workers)
+               for tasks, workers in [(1, 1), (2, 2), (4, 2), (7, 1)]}
+    reference = outputs[(1, 1)]
+    assert sorted(reference) == [f"part-0000{i}.jsonl.gz" for i in range(5)] + [f"rejected-part-0000{i}.jsonl.gz" for i in range(5)]
+    for run, files in outputs.items():
+        assert files == reference, run
+    # The documents are those of their input file, in order, without the field that carried the file's name.
+    kept = list(iter_documents(tmp_path / "out-4-2" / "part-00001.jsonl.gz"))
+    assert [d["id"] for d in kept] == [r["id"] for r in records[50:100] if int(r["id"][-1]) % 2 == 0]
+    assert kept[0]["metadata"] == records[50]["metadata"] and INPUT_SHARD not in kept[0]["metadata"]
+
+
+def test_datatrove_gzip_headers_carry_no_time_or_name(tmp_path):
+    write(tmp_path / "in", gsm8k_records(10))
+    shard_stage(tmp_path / "in", tmp_path / "out", tmp_path / "logs", tasks=1, workers=1)
+    header = (tmp_path / "out" / "part-00000.jsonl.gz").read_bytes()[:10]
+    assert header[3] & 0x08 == 0 and header[4:8] == b"\0\0\0\0"  # FNAME flag unset, MTIME 0
+
+
+def test_a_document_not_read_by_the_input_shard_reader_is_refused_by_name(tmp_path):
+    from datatrove.data import Document
+
+    writer = InputShardWriter(str(tmp_path))
+    with pytest.raises(ValueError, match="'doc-7' has no _input_shard"):
+        writer.write(Document(text="x", id="doc-7"), rank=0)
