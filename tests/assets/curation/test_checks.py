@@ -1,5 +1,8 @@
 """The curation asset checks: great-expectations on the documents, and the blocking benchmark check.
 
+documents_valid in chunks and on a seeded sample finds what one frame of every document finds (a built case with
+violations in different chunks, and the real JSONL samples of ../shared/data), with no frame longer than a chunk.
+
 The blocking test materializes a small real source (Guardian articles and a C4 page carrying a GSM8K test problem)
 through raw_crawl -> filtered -> deduplicated -> decontaminated -> tokenizer -> packed with the decontamination
 engine patched, in this process, to remove nothing: the check must catch the surviving n-grams and stop packing.
@@ -15,9 +18,11 @@ import yaml
 from dagster import AssetCheckKey, AssetKey, DagsterInstance, DagsterRunStatus
 
 import assets.curation.decontaminated
-from assets.curation.checks import BENCHMARK_CHECK, DOCUMENTS_CHECK, documents_check, validate_documents
+import assets.curation.checks
+from assets.curation.checks import (BENCHMARK_CHECK, DOCUMENTS_CHECK, UNIQUE_IDS, UniqueIds, documents_check,
+                                    language_counts, read_documents, seeded_sample, validate_documents)
 from assets.cli import main
-from assets.recipe import DEMO_RECIPE
+from assets.recipe import DEMO_RECIPE, ChecksConfig
 from pipelines.decontam import BenchmarkIndex
 from pipelines.filters import CodeConfig, FilterConfig, LanguageConfig, PiiConfig
 from storage.local import LocalStore
@@ -69,6 +74,122 @@ def test_documents_check_reads_the_committed_parts_and_never_logs_pii(tmp_path):
     assert result.metadata["documents"].value == 2
     assert result.metadata["pii_left_by_type"].value == {"EMAIL": 1}
     assert "jane.doe" not in json.dumps({k: v.value for k, v in result.metadata.items()}, default=str)
+
+
+def put_parts(store, prefix, rows, per_part):
+    """rows as gzip JSONL parts of `per_part` documents under `prefix`; their keys, in order."""
+    keys = []
+    for start in range(0, len(rows), per_part):
+        key = f"{prefix}/part-{len(keys):05d}.jsonl.gz"
+        store.put_bytes(key, gzip.compress(b"".join(orjson.dumps(r) + b"\n" for r in rows[start:start + per_part])))
+        keys.append(key)
+    return keys
+
+
+def violations_in_chunks(n=11):
+    """n documents of two sources, chunks of 4 in stream order (web's 6, then code's 5): web's id w1 again in the
+    second chunk, a French page in the first, an empty text in the second, an e-mail address in the last chunk."""
+    web = [{"id": f"w{i}", "text": f"Page {i} of the site.", "metadata": {"language": "en"}} for i in range(6)]
+    web[1]["metadata"]["language"] = "fr"
+    web[4]["id"] = "w1"
+    web[5]["text"] = ""
+    code = [{"id": f"c{i}", "text": f"x = {i}"} for i in range(n - 6)]
+    code[-1]["text"] = "# ask jane.doe@example.org"
+    return {"web": web, "code": code}
+
+
+FILTERS = {"web": FilterConfig(language=LanguageConfig(languages=("en",))), "code": FilterConfig()}
+
+
+def failed(details):
+    return {name: (d["unexpected"], d["examples"]) for name, d in details.items() if not d["success"]}
+
+
+def test_chunked_and_sampled_checks_find_what_one_frame_finds(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    sources = violations_in_chunks()
+    parts = {name: put_parts(store, name, rows, per_part=3) for name, rows in sources.items()}
+    every = [{**d, "metadata": {**d.get("metadata", {}), "source": s}} for s, rows in sources.items() for d in rows]
+    whole_success, whole = validate_documents(every, FILTERS)  # one frame of all 11
+    assert not whole_success and failed(whole) == {
+        "expect_column_values_to_be_in_set(language)[web]": (1, ["fr"]),
+        "expect_column_value_lengths_to_be_between(text)": (1, [""]),
+        UNIQUE_IDS: (2, ["web/w1", "web/w1"]),  # rows 1 and 4: chunks 1 and 2
+        "expect_column_values_to_be_between(pii_left)": (1, ["1"]),  # row 10: the last chunk
+    }
+    chunked = documents_check(store, parts, FILTERS, ChecksConfig(chunk_documents=4))
+    all_of_them = ChecksConfig(mode="sample", sample_documents=50, chunk_documents=4)  # a sample bigger than the set
+    sampled = documents_check(store, parts, FILTERS, all_of_them)
+    for result in chunked, sampled:
+        meta = {k: v.value for k, v in result.metadata.items()}
+        assert not result.passed and meta["expectations"] == whole
+        assert meta["pii_left_by_type"] == {"EMAIL": 1}
+        assert meta["documents"] == meta["validated"] == 11
+        assert meta["largest_frame_rows"] == 4  # 3 frames (4, 4, 3 rows), never one of 11
+    assert chunked.metadata["mode"].value == "chunks" and sampled.metadata["mode"].value == "sample"
+    # Chunks of one row: the duplicate is still found across frames, every violation still counted once.
+    single = documents_check(store, parts, FILTERS, ChecksConfig(chunk_documents=1))
+    assert single.metadata["expectations"].value == whole and single.metadata["largest_frame_rows"].value == 1
+
+
+def test_a_sample_is_seeded_bounded_and_still_checks_every_id(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    rows = [{"id": f"d{i}", "text": f"Document {i}." + (" Call +44 20 7946 0958." if i % 5 == 0 else "")}
+            for i in range(200)]
+    rows[150]["id"] = "d3"
+    parts = {"c4": put_parts(store, "c4", rows, per_part=64)}
+    assert seeded_sample(iter(range(200)), 20, seed=1) == seeded_sample(iter(range(200)), 20, seed=1)
+    assert seeded_sample(iter(range(200)), 20, seed=1) != seeded_sample(iter(range(200)), 20, seed=2)
+    picked = seeded_sample(iter(range(200)), 20, seed=1)
+    assert len(set(picked)) == 20 and picked == sorted(picked) and max(picked) > 100  # in order, from all over
+    assert seeded_sample(iter(range(5)), 20, seed=1) == list(range(5))
+
+    settings = ChecksConfig(mode="sample", sample_documents=20, chunk_documents=8, seed=1)
+    first, again = (documents_check(store, parts, {"c4": FilterConfig()}, settings) for _ in range(2))
+    meta = {k: v.value for k, v in first.metadata.items()}
+    assert meta == {k: v.value for k, v in again.metadata.items()}  # the same sample twice
+    assert meta["documents"] == 200 and meta["validated"] == 20 and meta["largest_frame_rows"] == 8
+    # The phone numbers the sample holds (every fifth document has one), not all 40.
+    assert 0 < meta["expectations"]["expect_column_values_to_be_between(pii_left)"]["unexpected"] < 40
+    # Uniqueness is over the whole set, not the sample: d3's two rows, 147 documents apart.
+    assert meta["expectations"][UNIQUE_IDS] == {"success": False, "unexpected": 2, "examples": ["d3", "d3"]}
+
+
+def test_unique_ids_are_exact_when_hashes_collide(monkeypatch):
+    labels = ["a", "bb", "cc", "dd", "e", "bb", "fff"]
+    ids = UniqueIds()
+    monkeypatch.setattr(UniqueIds, "_hash", staticmethod(len))  # every id of a length collides
+    for label in labels:
+        ids.add(label)
+    assert ids.duplicates(lambda: iter(labels)) == (2, ["bb", "bb"])  # "cc", "dd" and "a", "e" only collide
+    clean = UniqueIds()
+    for label in ["a", "bb", "ccc"]:  # lengths differ: no repeated hash
+        clean.add(label)
+    assert clean.duplicates(lambda: pytest.fail("no repeated hash: no second pass")) == (0, [])
+
+
+def test_real_documents_chunked_match_one_frame(tmp_path, shared_data):
+    store = LocalStore(tmp_path / "store")
+    files = sorted((shared_data / "jsonl").glob("*.gz"))
+    docs = [json.loads(line) for f in files for line in gzip.open(f)]
+    for i, doc in enumerate(docs):
+        doc.setdefault("id", f"doc-{i}")  # some samples carry no id
+    parts = {"mixed": put_parts(store, "mixed", docs, per_part=13)}
+    _, whole = validate_documents(docs, FilterConfig())
+    assert whole["expect_column_values_to_be_between(pii_left)"]["unexpected"] == 4  # real pages carry PII
+    result = documents_check(store, parts, {"mixed": FilterConfig()}, ChecksConfig(chunk_documents=8))
+    assert result.metadata["expectations"].value == whole
+    assert result.metadata["documents"].value == len(docs) == 70 and result.metadata["largest_frame_rows"].value == 8
+    assert [d["id"] for d in read_documents(store, parts["mixed"])] == [d["id"] for d in docs]
+    assert sum(language_counts(store, parts["mixed"]).values()) == 70
+
+
+def test_parts_are_streamed_not_read_whole(tmp_path, monkeypatch):
+    store = LocalStore(tmp_path / "store")
+    keys = put_parts(store, "out", [{"id": str(i), "text": "t", "metadata": {"language": "de"}} for i in range(5)], 2)
+    monkeypatch.setattr(LocalStore, "get_bytes", lambda *a: pytest.fail("a whole part read into memory"))
+    assert language_counts(store, keys) == {"de": 5}
+    assert documents_check(store, {"x": keys}, {"x": FilterConfig()}).passed
 
 
 def write_source(path, shared_data):
