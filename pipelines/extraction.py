@@ -5,7 +5,8 @@ extraction (trafilatura) under a deadline.
     text, why = decode_text(payload, charset, html=True)                # (None, why) when undecodable
     main = extract_main_text(text)                                      # may raise ExtractionTimeout
 
-Runs inside ingest's worker processes, so it holds no state between pages (see extract_main_text).
+Runs inside ingest's datatrove tasks, several pages after one another in a process, so it holds no state between
+pages (see extract_main_text).
 """
 
 from __future__ import annotations
@@ -113,11 +114,6 @@ class ExtractionTimeout(BaseException):
         self.seconds = seconds
 
 
-def warm_up() -> None:
-    """Import trafilatura now: its first import costs ~0.3 s, better paid before a worker's first page."""
-    import trafilatura  # noqa: F401
-
-
 def extract_main_text(html: str) -> str | None:
     """Main text as datatrove's Trafilatura() extractor gets it (same call, same options); None when there is
     none. Raises ExtractionTimeout after EXTRACT_TIMEOUT_S (in a main thread; elsewhere there is no deadline)."""
@@ -125,7 +121,7 @@ def extract_main_text(html: str) -> str | None:
     from trafilatura.deduplication import LRU_TEST
 
     # deduplicate=True drops text segments seen several times before, in a cache global to the process; cleared
-    # per page so a page's text never depends on which pages this process handled before (any worker count).
+    # per page so a page's text never depends on which pages this process handled before (any task or worker count).
     LRU_TEST.clear()
     with deadline(EXTRACT_TIMEOUT_S):
         return extract(html, favor_precision=True, include_comments=False, deduplicate=True)

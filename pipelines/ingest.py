@@ -1,40 +1,51 @@
-"""Raw ingest: one source's input files -> normalized documents in datatrove's format, every record accounted for.
+"""Raw ingest: one source's input files -> normalized documents in datatrove's format, every record accounted for,
+as a datatrove pipeline step (IngestStep) that the executor resource runs in as many tasks as it likes.
 
-    stats = ingest_source(name="web", inputs=expand_inputs(["crawl/*.warc.gz"], data_dir), format="warc",
-                          reader=ReaderConfig(workers=2), out_dir=Path("out/web"))
+    steps = ingest_pipeline(name="web", inputs=expand_inputs(["s3://crawl/*.warc.gz"], data_dir), format="warc",
+                            reader=ReaderConfig(), out_dir=out, logging_dir=logs)
+    stats_path = executor.run(steps, logging_dir=logs, tasks=executor.tasks_for(len(inputs)))
+    stats = ingest_stats(stats_path, logging_dir=logs, inputs=len(inputs))
+    check_bad_fraction(stats, name="web", reader=reader, out_dir=out)  # BadInputError above max_bad_fraction
 
-writes out/web/part-00000.jsonl.gz, ... (gzip JSON lines: {"text", "id", "metadata": {"source", "url" or
-"origin", ...}}) and out/web/rejected.jsonl.gz (one {"reason", "origin", "detail"} line per bad record). Every
-input record is a document, skipped (not a document by nature: a WARC request record, an empty file) or bad
-(corrupt or failed, by reason): `stats.records == stats.documents + sum(stats.skipped) + sum(stats.bad)`.
-When the bad fraction exceeds `reader.max_bad_fraction`, BadInputError is raised after writing.
+or all of it on this machine in one call (tests, benches): `ingest_source(name=..., ..., tasks=2, workers=2)`.
 
-This module is the orchestration: reading is pipelines/readers.py (formats: "warc", "wet", "jsonl", "parquet",
-"text"), decoding and HTML extraction pipelines/extraction.py, shard writing pipelines/shards.py.
-HTML -> text (trafilatura) is the slow part, 20-30 ms a page, so it runs in `reader.workers` processes over
-ordered chunks with a bounded number in flight: the output is byte-identical for any worker count.
+Each task takes the inputs rank::world_size (in the list's order; expand_inputs sorts it) and writes, for input
+file i (its index in the whole list), its documents to part-<i:05d>-<k:05d>.jsonl.gz (gzip JSON lines
+{"text", "id", "metadata": {"source", "url" or "origin", ...}}, `reader.docs_per_shard` a part) and its bad
+records to rejected-<i:05d>.jsonl.gz ({"reason", "origin", "detail"} a line; no bad record, no file). Files are
+named after their input, never after a task, written by pipelines/shards.py's reproducible gzip, and each input
+is read in order: the output bytes are the same for any task or worker count. Which parts an input gave (and
+their record counts, for the manifest) is noted in <logging_dir>/files/<i:05d>.json.
+
+Every input record is a document, skipped (not a document by nature: a WARC request record, an empty file) or
+bad (corrupt or failed, by reason). The counts go to datatrove's stats (records, documents, skipped_<kind>,
+bad_<reason>, bytes_in), which the executor merges over the tasks into stats.json:
+`records == documents + sum(skipped) + sum(bad)`.
+
+Reading is pipelines/readers.py (local files and fsspec URLs; formats "warc", "wet", "jsonl", "parquet",
+"text"), decoding and HTML extraction pipelines/extraction.py (in the task: the executor's tasks and workers are
+the parallelism; there is no process pool of our own).
 """
 
 from __future__ import annotations
 
-import multiprocessing
-from collections import deque
-from concurrent.futures import ProcessPoolExecutor
-from contextlib import closing
+import json
+import os
+import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
-from pipelines.extraction import ExtractionTimeout, decode_text, extract_main_text, warm_up
+from datatrove.pipeline.base import PipelineStep
+
+from pipelines.extraction import ExtractionTimeout, decode_text, extract_main_text
+from pipelines.inputs import Input, as_input, input_name
 from pipelines.readers import FORMATS, InputRecord, ReaderConfig, read_inputs, shorten
-from pipelines.shards import GzipLines, ShardWriter
+from pipelines.shards import GzipLines
 
-
-PROGRESS_EVERY = 1000  # records between progress reports
-CHUNK_RECORDS = 16  # records a worker process handles per task (a chunk of HTML pages is ~0.3 s of work)
-CHUNK_BYTES = 8 << 20  # ... or fewer, when their payloads are large
-IN_FLIGHT_PER_WORKER = 3  # chunks submitted ahead per worker: keeps them busy, bounds memory
 SHARD_COMPRESSLEVEL = 3  # ~2x faster than 6 for ~10% larger shards: they are intermediate data
+LISTING_FOLDER = "files"  # under the logging dir: per input, the parts it gave
 
 
 @dataclass
@@ -42,9 +53,10 @@ class IngestStats:
     records: int = 0  # every record seen in the input (WARC: every record of every type)
     documents: int = 0  # written
     skipped: dict[str, int] = field(default_factory=dict)  # not documents by nature, by kind
-    bad: dict[str, int] = field(default_factory=dict)  # corrupt or failed, by reason (listed in rejected.jsonl.gz)
+    bad: dict[str, int] = field(default_factory=dict)  # corrupt or failed, by reason (listed in rejected-*.jsonl.gz)
     bytes_in: int = 0  # bytes of the input files (compressed, as stored)
-    files: list[dict] = field(default_factory=list)  # per shard: {"path": "part-00000.jsonl.gz", "records": n}
+    files: list[dict] = field(default_factory=list)  # per part: {"path": "part-00000-00000.jsonl.gz", "records": n}
+    rejected: list[dict] = field(default_factory=list)  # per rejected file: {"path": "rejected-00000...", "records"}
 
     def bad_fraction(self) -> float:
         bad = sum(self.bad.values())
@@ -77,70 +89,193 @@ class _Verdict(NamedTuple):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The entry point
+# The step
+
+
+class IngestStep(PipelineStep):
+    """Reads its task's share of the inputs and writes each input's parts and rejected records (module doc).
+
+    Picklable (Ray and Slurm pickle the pipeline): it holds the input list and settings; files are opened in run().
+    A task that runs again (a resumed stage) rewrites the same files."""
+
+    name = "🧾 Ingest (damage-tolerant readers)"
+    type = "📖 - READER"
+
+    def __init__(self, *, name: str, inputs: list, format: str, reader: ReaderConfig, out_dir, listing_dir):
+        super().__init__()
+        if format not in FORMATS:
+            raise ValueError(f"source {name!r}: format {format!r} is not one of {FORMATS}")
+        self.source = name
+        self.inputs: list[Input] = [as_input(p) for p in inputs]
+        self.format = format
+        self.reader = reader
+        self.out_dir = Path(out_dir)
+        self.listing_dir = Path(listing_dir)
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        if data:
+            yield from data  # nothing comes before a reader; anything that does passes through
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.listing_dir.mkdir(parents=True, exist_ok=True)
+        for index in range(rank, len(self.inputs), world_size):
+            with self.track_time(unit="file"):
+                self._ingest(index)
+
+    def _ingest(self, index: int) -> None:
+        from datatrove.utils.logging import logger
+
+        location = self.inputs[index]
+        counts: Counter = Counter({"files": 1, "records": 0, "documents": 0, "bytes_in": 0})
+
+        def count_bytes(size: int) -> None:
+            counts["bytes_in"] += size
+
+        parts = _Parts(self.out_dir, index, self.reader.docs_per_shard)
+        rejected: GzipLines | None = None
+        try:
+            for record in read_inputs(self.source, [location], self.format, self.reader, count_bytes=count_bytes):
+                verdict = _decide(record, self.reader)
+                counts["records"] += 1
+                if verdict.kind == "doc":
+                    parts.write(verdict.doc)
+                    counts["documents"] += 1
+                elif verdict.kind == "skip":
+                    counts[f"skipped_{verdict.reason}"] += 1
+                else:
+                    if rejected is None:
+                        rejected = GzipLines(self.out_dir / f"rejected-{index:05d}.jsonl.gz",
+                                             compresslevel=SHARD_COMPRESSLEVEL)
+                    rejected.write(_rejected_line(verdict))
+                    counts[f"bad_{verdict.reason}"] += 1
+        finally:
+            parts.close()
+            if rejected is not None:
+                rejected.close()
+        for key, value in sorted(counts.items()):
+            self.stat_update(key, value=value)
+        listing = {
+            "input": str(location),
+            "parts": parts.files,
+            "rejected": {"path": rejected.path.name, "records": rejected.records} if rejected is not None else None,
+        }
+        _write_atomically(self.listing_dir / f"{index:05d}.json", json.dumps(listing))
+        logger.info(f"{self.source}: input {index} ({input_name(location)}): {counts['records']} records, "
+                    f"{counts['documents']} documents, {sum(v for k, v in counts.items() if k.startswith('bad_'))} bad")
+
+
+class _Parts:
+    """One input's documents into part-<index>-<k>.jsonl.gz, `per_part` each. No documents, no file."""
+
+    def __init__(self, out_dir: Path, index: int, per_part: int):
+        self.out_dir, self.index, self.per_part = out_dir, index, per_part
+        self.files: list[dict] = []
+        self._file: GzipLines | None = None
+
+    def write(self, doc: dict) -> None:
+        if self._file is None or self._file.records >= self.per_part:
+            self.close()
+            path = f"part-{self.index:05d}-{len(self.files):05d}.jsonl.gz"
+            self._file = GzipLines(self.out_dir / path, compresslevel=SHARD_COMPRESSLEVEL, default=_json_default)
+            self.files.append({"path": path, "records": 0})
+        self._file.write(doc)
+        self.files[-1]["records"] += 1
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A stage: the steps, its counts, its verdict
+
+
+def ingest_pipeline(*, name: str, inputs: list, format: str, reader: ReaderConfig, out_dir, logging_dir) -> list:
+    """The stage's datatrove steps, for an executor run with this logging_dir."""
+    listing = Path(logging_dir) / LISTING_FOLDER
+    return [IngestStep(name=name, inputs=inputs, format=format, reader=reader, out_dir=out_dir, listing_dir=listing)]
+
+
+def ingest_stats(stats_path, *, logging_dir, inputs: int) -> IngestStats:
+    """The counts of a finished run, from its merged stats.json, and its files, from the per-input listings."""
+    steps = json.loads(Path(stats_path).read_text())
+    step = next((s for s in steps if s["name"].endswith(IngestStep.name)), None)
+    if step is None:
+        raise ValueError(f"{stats_path}: no stats of the ingest step (steps: {[s['name'] for s in steps]})")
+    totals = {key: int(v["total"] if isinstance(v, dict) else v) for key, v in step["stats"].items()
+              if not isinstance(v, dict) or "total" in v}
+    stats = IngestStats(records=totals.get("records", 0), documents=totals.get("documents", 0),
+                        bytes_in=totals.get("bytes_in", 0))
+    stats.skipped = {k[len("skipped_"):]: n for k, n in sorted(totals.items()) if k.startswith("skipped_")}
+    stats.bad = {k[len("bad_"):]: n for k, n in sorted(totals.items()) if k.startswith("bad_")}
+    listing_dir = Path(logging_dir) / LISTING_FOLDER
+    for index in range(inputs):
+        path = listing_dir / f"{index:05d}.json"
+        if not path.is_file():
+            raise RuntimeError(f"ingest: input {index} has no listing {path}: its task did not finish")
+        listing = json.loads(path.read_text())
+        stats.files += listing["parts"]
+        stats.rejected += [listing["rejected"]] if listing["rejected"] else []
+    if totals.get("files", 0) != inputs:
+        raise RuntimeError(f"ingest: the stats count {totals.get('files', 0)} input files read, not {inputs} "
+                           f"({stats_path}); a task's stats are missing or counted twice")
+    assert stats.records == stats.documents + sum(stats.skipped.values()) + sum(stats.bad.values()), stats
+    assert stats.documents == sum(f["records"] for f in stats.files), (stats.documents, stats.files)
+    assert sum(stats.bad.values()) == sum(f["records"] for f in stats.rejected), (stats.bad, stats.rejected)
+    return stats
+
+
+def check_bad_fraction(stats: IngestStats, *, name: str, reader: ReaderConfig, out_dir) -> None:
+    """BadInputError when the source's bad fraction is above reader.max_bad_fraction (the output stays written)."""
+    if stats.bad_fraction() > reader.max_bad_fraction:
+        raise BadInputError(
+            f"source {name!r}: {stats.bad_fraction():.1%} of records are bad, above max_bad_fraction "
+            f"{reader.max_bad_fraction:.1%} (bad by reason: {_counts(stats.bad)}; {stats.documents} documents, "
+            f"{stats.records} records; see {Path(out_dir) / 'rejected-*.jsonl.gz'})",
+            stats,
+        )
 
 
 def ingest_source(
     *,
     name: str,
-    inputs: list[Path],
+    inputs: list,
     format: str,
     reader: ReaderConfig,
-    out_dir: Path,
-    progress: Callable[[str], Any] | None = None,
+    out_dir,
+    tasks: int = 1,
+    workers: int = 1,
+    logging_dir=None,
 ) -> IngestStats:
-    """Read every input of one source into out_dir/part-NNNNN.jsonl.gz + rejected.jsonl.gz. See the module doc."""
+    """The whole stage on this machine (datatrove's LocalPipelineExecutor) into an empty out_dir; see the module doc.
+    Without a logging_dir, the run's logs go to a temporary folder."""
     if format not in FORMATS:
         raise ValueError(f"source {name!r}: format {format!r} is not one of {FORMATS}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    leftovers = sorted(p.name for p in out_dir.glob("part-*.jsonl.gz")) + [
-        p.name for p in out_dir.glob("rejected.jsonl.gz")
-    ]
+    leftovers = sorted(p.name for pattern in ("part-*.jsonl.gz", "rejected*.jsonl.gz") for p in out_dir.glob(pattern))
     if leftovers:
         raise ValueError(
             f"source {name!r}: {out_dir} already holds output ({', '.join(leftovers[:3])}); use an empty folder"
         )
+    if logging_dir is None:
+        with tempfile.TemporaryDirectory(prefix="ingest-logs-") as logs:
+            return ingest_source(name=name, inputs=inputs, format=format, reader=reader, out_dir=out_dir,
+                                 tasks=tasks, workers=workers, logging_dir=logs)
+    from datatrove.executor import LocalPipelineExecutor
 
-    stats = IngestStats()
-
-    def count_bytes(size: int) -> None:
-        stats.bytes_in += size
-
-    records = read_inputs(name, [Path(p) for p in inputs], format, reader, count_bytes=count_bytes)
-    parallel = format in ("warc", "wet") and reader.extract_html and reader.workers > 1
-    verdicts = _decide_all(records, reader, workers=reader.workers if parallel else 1)
-    shards = ShardWriter(
-        out_dir, records_per_shard=reader.docs_per_shard, compresslevel=SHARD_COMPRESSLEVEL, default=_json_default
-    )
-    rejected = GzipLines(out_dir / "rejected.jsonl.gz", compresslevel=SHARD_COMPRESSLEVEL)
-    with closing(verdicts), shards, rejected:  # closing: stops worker processes
-        for verdict in verdicts:
-            stats.records += 1
-            if verdict.kind == "doc":
-                shards.write(verdict.doc)
-                stats.documents += 1
-            elif verdict.kind == "skip":
-                stats.skipped[verdict.reason] = stats.skipped.get(verdict.reason, 0) + 1
-            else:
-                rejected.write(_rejected_line(verdict))
-                stats.bad[verdict.reason] = stats.bad.get(verdict.reason, 0) + 1
-            if progress is not None and stats.records % PROGRESS_EVERY == 0:
-                progress(f"{name}: {stats.summary()}")
-    stats.files = shards.files
-    stats.skipped = dict(sorted(stats.skipped.items()))
-    stats.bad = dict(sorted(stats.bad.items()))
-    assert stats.records == stats.documents + sum(stats.skipped.values()) + sum(stats.bad.values())
-    assert stats.documents == sum(f["records"] for f in stats.files)
-    if progress is not None:
-        progress(f"{name}: done, {stats.summary()}")
-    if stats.bad_fraction() > reader.max_bad_fraction:
-        raise BadInputError(
-            f"source {name!r}: {stats.bad_fraction():.1%} of records are bad, above max_bad_fraction "
-            f"{reader.max_bad_fraction:.1%} (bad by reason: {_counts(stats.bad)}; {stats.documents} documents, "
-            f"{stats.records} records; see {out_dir / 'rejected.jsonl.gz'})",
-            stats,
-        )
+    steps = ingest_pipeline(name=name, inputs=inputs, format=format, reader=reader, out_dir=out_dir,
+                            logging_dir=logging_dir)
+    LocalPipelineExecutor(steps, tasks=tasks, workers=min(workers, tasks), logging_dir=str(logging_dir),
+                          skip_completed=False).run()
+    stats = ingest_stats(Path(logging_dir) / "stats.json", logging_dir=logging_dir, inputs=len(inputs))
+    check_bad_fraction(stats, name=name, reader=reader, out_dir=out_dir)
     return stats
 
 
@@ -163,55 +298,7 @@ def _counts(counts: dict[str, int]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Deciding: decode, extract, check sizes. Runs in worker processes for HTML.
-
-
-def _decide_all(records: Iterator[InputRecord], reader: ReaderConfig, *, workers: int) -> Iterator[_Verdict]:
-    """Verdicts in input order. With workers > 1, chunks go to a process pool, a bounded number in flight."""
-    chunks = _chunked(records)
-    first, second = next(chunks, None), next(chunks, None)
-    if workers <= 1 or second is None:  # one chunk of work does not pay for starting processes
-        for chunk in (first, second):
-            yield from _decide_chunk(chunk or [], reader)
-        for chunk in chunks:
-            yield from _decide_chunk(chunk, reader)
-        return
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context(), initializer=warm_up)
-    try:
-        pending = deque([pool.submit(_decide_chunk, first, reader), pool.submit(_decide_chunk, second, reader)])
-        for chunk in chunks:
-            pending.append(pool.submit(_decide_chunk, chunk, reader))
-            if len(pending) >= workers * IN_FLIGHT_PER_WORKER:
-                yield from pending.popleft().result()
-        while pending:
-            yield from pending.popleft().result()
-    finally:
-        # On an early exit (an error while writing), drop the queued chunks instead of finishing them.
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _pool_context():
-    # Not fork: the caller may be a threaded Dagster process. forkserver needs the caller's module importable
-    # without side effects (an `if __name__ == "__main__":` guard), as datatrove's executors do.
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-
-
-def _chunked(records: Iterable[InputRecord]) -> Iterator[list[InputRecord]]:
-    chunk: list[InputRecord] = []
-    size = 0
-    for record in records:
-        chunk.append(record)
-        size += len(record.body) if isinstance(record.body, (bytes, str)) else 0
-        if len(chunk) >= CHUNK_RECORDS or size >= CHUNK_BYTES:
-            yield chunk
-            chunk, size = [], 0
-    if chunk:
-        yield chunk
-
-
-def _decide_chunk(chunk: list[InputRecord], reader: ReaderConfig) -> list[_Verdict]:
-    return [_decide(record, reader) for record in chunk]
+# Deciding: decode, extract, check sizes.
 
 
 def _decide(record: InputRecord, reader: ReaderConfig) -> _Verdict:

@@ -4,17 +4,19 @@
                               count_bytes=lambda n: None):
         ...  # record.kind: "html" | "plain" | "text" (may become a document) | "skip" | "bad" (never will)
 
+Inputs are local paths or fsspec URLs (`s3://bucket/crawl/*.warc.gz`; S3 endpoint and credentials from the
+AWS_* variables, as boto3 reads them). A remote file is streamed through fsspec's read-ahead buffer, never
+copied whole to local disk; it reads to the same records, origins included, as the same file on disk.
 Formats: "warc" / "wet" (see pipelines/warc.py: gzip members handled there so damage loses one record, not the
-rest of the file), "jsonl" (also .json; gzip or not), "parquet", "text" (plain files, folders, tar archives).
-Readers never decode or extract HTML (that is pipelines/extraction.py, run by pipelines/ingest.py, in worker
-processes): a record carries the bytes, the metadata its document would get, or why it is skipped or bad.
+rest of the file), "jsonl" (also .json; gzip or not), "parquet", "text" (plain files, local folders, tar archives).
+Readers never decode or extract HTML (that is pipelines/extraction.py, run by pipelines/ingest.py): a record
+carries the bytes, the metadata its document would get, or why it is skipped or bad.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import os
-import re
 import tarfile
 import zlib
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ from urllib.parse import unquote, urlparse
 
 import orjson
 
+from pipelines.inputs import GLOB_CHARS, URL_SCHEME, Input, as_input, expand_remote, input_info, input_name, open_input
 from pipelines.extraction import HTML_TYPES, PLAIN_TYPES, looks_like_markup, parse_content_type
 from pipelines.warc import GZIP_MAGIC, PAYLOAD_TYPES, WarcDamage, WarcEntry, read_warc
 
@@ -49,8 +52,10 @@ class ReaderConfig:
     min_text_chars: int = 1  # texts shorter than this (blank edges aside) are skipped as "empty"; 0 keeps them
     max_document_bytes: int = 8 * 2**20  # larger payloads/texts are bad as "oversized"
     max_bad_fraction: float = 0.1  # ingest fails (BadInputError) when bad / (documents + bad) exceeds this
-    workers: int = 2  # processes for HTML extraction (1 = in-process); never changes the output
-    docs_per_shard: int = 10_000
+    # Deprecated and ignored: ingest runs as the executor's tasks (PRETRAIN_EXECUTOR_WORKERS, _TASKS). Still
+    # accepted so that older recipes load; it never was part of the output (not versioned, assets/recipe.py).
+    workers: int | None = None
+    docs_per_shard: int = 10_000  # documents per part file (each input file's documents start a part of their own)
 
     def __post_init__(self):
         for name in ("text_fields", "include"):
@@ -65,7 +70,7 @@ class ReaderConfig:
             raise ValueError(f"max_document_bytes must be >= 1, got {self.max_document_bytes}")
         if not 0.0 <= self.max_bad_fraction <= 1.0:
             raise ValueError(f"max_bad_fraction must be within [0, 1], got {self.max_bad_fraction}")
-        if self.workers < 1:
+        if self.workers is not None and self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.docs_per_shard < 1:
             raise ValueError(f"docs_per_shard must be >= 1, got {self.docs_per_shard}")
@@ -101,10 +106,11 @@ def shorten(text: str, limit: int = 200) -> str:
 # Which files
 
 
-def expand_inputs(inputs: list[str], base_dir) -> list[Path]:
-    """Paths, globs (relative to base_dir; ** recurses) or file:// URIs -> sorted existing paths, no repeats."""
+def expand_inputs(inputs: list[str], base_dir) -> list[Input]:
+    """Paths, globs (relative to base_dir; ** recurses), file:// URIs or fsspec URLs (s3://bucket/crawl/*.warc.gz)
+    -> the existing inputs, sorted, no repeats: local ones as absolute Paths, remote ones as URLs (str)."""
     base = Path(base_dir)
-    found: set[Path] = set()
+    found: set[Input] = set()
     for spec in inputs:
         text = str(spec)
         if text.startswith("file://"):
@@ -112,10 +118,11 @@ def expand_inputs(inputs: list[str], base_dir) -> list[Path]:
             if uri.netloc not in ("", "localhost"):
                 raise ValueError(f"input {spec!r}: a file:// URI must name an absolute local path (file:///...)")
             text = unquote(uri.path)
-        elif re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]+://", text):
-            raise ValueError(f"input {spec!r}: only local paths and file:// URIs are read here")
+        elif URL_SCHEME.match(text):
+            found.update(expand_remote(text))
+            continue
         pattern = str(base / Path(text).expanduser())
-        if re.search(r"[*?[]", text):
+        if GLOB_CHARS.search(text):
             matches = [Path(p) for p in glob(pattern, recursive=True)]
             if not matches:
                 raise ValueError(f"input pattern {spec!r} matches nothing (looked in {base})")
@@ -124,42 +131,47 @@ def expand_inputs(inputs: list[str], base_dir) -> list[Path]:
             found.add(Path(os.path.abspath(pattern)))
         else:
             raise ValueError(f"input {spec!r} does not exist (looked for {pattern})")
-    return sorted(found)
+    return sorted(found, key=str)
 
 
 def read_inputs(
-    name: str, inputs: list[Path], format: str, reader: ReaderConfig, *, count_bytes: Callable[[int], Any]
+    name: str, inputs: list, format: str, reader: ReaderConfig, *, count_bytes: Callable[[int], Any]
 ) -> Iterator[InputRecord]:
     """Every record of every input, in order. `count_bytes(n)` is called as input files are opened, with their
     size as stored (files a text source excludes are not counted)."""
-    for path in inputs:
-        if not path.exists():
-            raise ValueError(f"source {name!r}: input {path} does not exist")
-        if path.is_dir() and format != "text":
-            raise ValueError(f"source {name!r}: input {path} is a folder; only the text format reads folders")
+    for location in map(as_input, inputs):
+        if isinstance(location, Path):
+            if not location.exists():
+                raise ValueError(f"source {name!r}: input {location} does not exist")
+            if location.is_dir() and format != "text":
+                raise ValueError(f"source {name!r}: input {location} is a folder; only the text format reads folders")
+        if format == "text":
+            yield from _text_records(name, location, reader, count_bytes)
+            continue
+        try:
+            size = input_info(location)["size"]
+        except FileNotFoundError:
+            raise ValueError(f"source {name!r}: input {location} does not exist") from None
+        count_bytes(size)
         if format in ("warc", "wet"):
-            count_bytes(path.stat().st_size)
-            yield from _warc_records(name, path, reader)
+            yield from _warc_records(name, location, reader)
         elif format == "jsonl":
-            count_bytes(path.stat().st_size)
-            yield from _jsonl_records(name, path, reader)
-        elif format == "parquet":
-            count_bytes(path.stat().st_size)
-            yield from _parquet_records(name, path, reader)
+            yield from _jsonl_records(name, location, reader)
         else:
-            yield from _text_records(name, path, reader, count_bytes)
+            yield from _parquet_records(name, location, reader)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # WARC / WET
 
 
-def _warc_records(name: str, path: Path, reader: ReaderConfig) -> Iterator[InputRecord]:
-    for item in read_warc(path, max_payload_bytes=reader.max_document_bytes):
-        if isinstance(item, WarcDamage):
-            yield bad_record(item.reason, item.origin, item.detail, item.record_id)
-        else:
-            yield _warc_record(name, item)
+def _warc_records(name: str, location: Input, reader: ReaderConfig) -> Iterator[InputRecord]:
+    with open_input(location) as raw:
+        for item in read_warc(raw, max_payload_bytes=reader.max_document_bytes, name=input_name(location)):
+            if isinstance(item, WarcDamage):
+                yield bad_record(item.reason, item.origin, item.detail, item.record_id)
+            else:
+                yield _warc_record(name, item)
 
 
 def _warc_record(name: str, entry: WarcEntry) -> InputRecord:
@@ -202,11 +214,12 @@ def _warc_record(name: str, entry: WarcEntry) -> InputRecord:
 # JSONL / Parquet
 
 
-def _jsonl_records(name: str, path: Path, reader: ReaderConfig) -> Iterator[InputRecord]:
+def _jsonl_records(name: str, location: Input, reader: ReaderConfig) -> Iterator[InputRecord]:
     lineno = 0
+    file_name = input_name(location)
     try:
-        for lineno, line in enumerate(_lines(path), 1):
-            origin = f"{path.name}:{lineno}"
+        for lineno, line in enumerate(_lines(location), 1):
+            origin = f"{file_name}:{lineno}"
             if not line.strip():
                 continue  # a blank line holds no record
             if lineno == 1:
@@ -223,22 +236,23 @@ def _jsonl_records(name: str, path: Path, reader: ReaderConfig) -> Iterator[Inpu
                 continue
             yield _row_record(name, row, origin, reader)
     except _StreamDamage as exc:
-        yield bad_record(exc.reason, f"{path.name}:{lineno + 1}", f"{exc.detail}; records after line {lineno} are lost")
+        yield bad_record(exc.reason, f"{file_name}:{lineno + 1}", f"{exc.detail}; records after line {lineno} are lost")
 
 
-def _parquet_records(name: str, path: Path, reader: ReaderConfig) -> Iterator[InputRecord]:
+def _parquet_records(name: str, location: Input, reader: ReaderConfig) -> Iterator[InputRecord]:
     import pyarrow.parquet as pq
 
     row_index = 0
+    file_name = input_name(location)
     try:
-        with pq.ParquetFile(path) as parquet:
+        with open_input(location) as raw, pq.ParquetFile(raw) as parquet:
             for batch in parquet.iter_batches(batch_size=1024):
                 for row in batch.to_pylist():
-                    yield _row_record(name, row, f"{path.name}:{row_index}", reader)
+                    yield _row_record(name, row, f"{file_name}:{row_index}", reader)
                     row_index += 1
     except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid / ArrowIOError derive from these
         detail = f"{shorten(str(exc))}; rows from {row_index} on are lost"
-        yield bad_record("bad_parquet", f"{path.name}:{row_index}", detail)
+        yield bad_record("bad_parquet", f"{file_name}:{row_index}", detail)
 
 
 def _row_record(name: str, row: Any, origin: str, reader: ReaderConfig) -> InputRecord:
@@ -279,7 +293,7 @@ class _StreamDamage(Exception):
         self.reason, self.detail = reason, detail
 
 
-def _lines(path: Path) -> Iterator[bytes]:
+def _lines(path: Input) -> Iterator[bytes]:
     """The lines of a file, gunzipped if it is gzip (by its bytes). Damage raises _StreamDamage at that point."""
     pending: list[bytes] = []  # the pieces of a line that spans chunks
     for chunk in _file_chunks(path):
@@ -293,10 +307,10 @@ def _lines(path: Path) -> Iterator[bytes]:
         yield tail
 
 
-def _file_chunks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
+def _file_chunks(path: Input, size: int = 1 << 20) -> Iterator[bytes]:
     """A file's bytes in chunks, gunzipped if it is gzip (by its magic, not its name); concatenated gzip members
     are one stream. Damage raises _StreamDamage where it is met."""
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         if f.read(2) != GZIP_MAGIC[:2]:
             f.seek(0)
             while chunk := f.read(size):
@@ -329,9 +343,19 @@ def _file_chunks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
 
 
 def _text_records(
-    name: str, path: Path, reader: ReaderConfig, count_bytes: Callable[[int], Any]
+    name: str, path: Input, reader: ReaderConfig, count_bytes: Callable[[int], Any]
 ) -> Iterator[InputRecord]:
-    if path.is_dir():
+    if not isinstance(path, Path):  # a remote file (expand_inputs gives files only: folders are globbed)
+        file_name = input_name(path)
+        if file_name.lower().endswith(TAR_SUFFIXES):
+            count_bytes(input_info(path)["size"])
+            yield from _tar_records(name, path, reader)
+        elif not _included(file_name, reader.include):
+            yield skipped_record("excluded", file_name)
+        else:
+            count_bytes(input_info(path)["size"])
+            yield _file_record(name, path, file_name, reader)
+    elif path.is_dir():
         for file in sorted(p for p in path.rglob("*") if not p.is_dir()):
             member = file.relative_to(path).as_posix()
             origin = f"{path.name}::{member}"
@@ -357,7 +381,7 @@ def _included(member: str, patterns: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatchcase(member, p) or fnmatch.fnmatchcase(base, p) for p in patterns)
 
 
-def _file_record(name: str, path: Path, origin: str, reader: ReaderConfig) -> InputRecord:
+def _file_record(name: str, path: Input, origin: str, reader: ReaderConfig) -> InputRecord:
     """One file, one document (gunzipped if it is gzip)."""
     limit = reader.max_document_bytes
     chunks, size = [], 0
@@ -376,14 +400,15 @@ def _plain_record(name: str, origin: str, data: bytes) -> InputRecord:
     return InputRecord("plain", origin, id=f"{name}/{origin}", meta={"source": name, "origin": origin}, body=data)
 
 
-def _tar_records(name: str, path: Path, reader: ReaderConfig) -> Iterator[InputRecord]:
+def _tar_records(name: str, path: Input, reader: ReaderConfig) -> Iterator[InputRecord]:
     """Members in archive order, streamed (the archive is never read whole)."""
     member_name = ""
+    file_name = input_name(path)
     try:
-        with tarfile.open(path, mode="r|*") as archive:
+        with open_input(path) as raw, tarfile.open(fileobj=raw, mode="r|*") as archive:
             for member in archive:
                 member_name = member.name
-                origin = f"{path.name}::{member.name}"
+                origin = f"{file_name}::{member.name}"
                 if not member.isfile():
                     yield skipped_record("not_a_file", origin)
                 elif not _included(member.name, reader.include):
@@ -395,4 +420,4 @@ def _tar_records(name: str, path: Path, reader: ReaderConfig) -> Iterator[InputR
     except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
         reason = "truncated" if isinstance(exc, EOFError) or "unexpected end" in str(exc) else "bad_archive"
         detail = f"{shorten(str(exc))}; nothing past this point could be read"
-        yield bad_record(reason, f"{path.name}::{member_name}", detail)
+        yield bad_record(reason, f"{file_name}::{member_name}", detail)

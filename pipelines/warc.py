@@ -2,6 +2,7 @@
 
     for item in read_warc(Path("crawl/web-pages.warc.gz"), max_payload_bytes=8 << 20):
         ...  # a WarcEntry (one WARC record, payload decoded per its HTTP headers) or a WarcDamage
+    read_warc(fsspec_file, max_payload_bytes=8 << 20, name="web-pages.warc.gz")  # any seekable binary file
 
 Why not warcio's ArchiveIterator on the gzip file directly: it decompresses the whole file as one stream, so
 one bad or truncated gzip member ends the file and the records after it are lost. Here the gzip layer is ours:
@@ -273,17 +274,30 @@ class GzipMembers:
             self._pending = buf[-keep:]
 
 
-def read_warc(path: Path, *, max_payload_bytes: int) -> Iterator[WarcEntry | WarcDamage]:
-    """Every record of a WARC (.warc.gz with gzip members, or plain .warc), or what was damaged, in file order."""
-    path = Path(path)
+def read_warc(
+    source: Path | BinaryIO, *, max_payload_bytes: int, name: str | None = None
+) -> Iterator[WarcEntry | WarcDamage]:
+    """Every record of a WARC (.warc.gz with gzip members, or plain .warc), or what was damaged, in file order.
+
+    `source` is a path, or a seekable binary file (a remote input streamed through fsspec) with its file `name`,
+    which origins start with."""
+    if hasattr(source, "read"):
+        yield from _read_warc_file(source, name or getattr(source, "name", "") or "input", max_payload_bytes)
+        return
+    path = Path(source)
     with open(path, "rb") as raw:
-        # Decided by the bytes, not the name or libmagic: a gzip file starts with its magic.
-        is_gzip = raw.read(2) == GZIP_MAGIC[:2]
-        raw.seek(0)
-        if is_gzip:
-            yield from _read_gzip_warc(raw, path.name, max_payload_bytes)
-        else:
-            yield from _read_plain_warc(raw, path.name, max_payload_bytes)
+        yield from _read_warc_file(raw, name or path.name, max_payload_bytes)
+
+
+def _read_warc_file(raw: BinaryIO, name: str, max_payload_bytes: int) -> Iterator[WarcEntry | WarcDamage]:
+    start = raw.tell()
+    # Decided by the bytes, not the name or libmagic: a gzip file starts with its magic.
+    is_gzip = raw.read(2) == GZIP_MAGIC[:2]
+    raw.seek(start)
+    if is_gzip:
+        yield from _read_gzip_warc(raw, name, max_payload_bytes)
+    else:
+        yield from _read_plain_warc(raw, name, max_payload_bytes)
 
 
 def _read_gzip_warc(raw: BinaryIO, name: str, max_payload_bytes: int) -> Iterator[WarcEntry | WarcDamage]:

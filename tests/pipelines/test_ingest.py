@@ -1,6 +1,7 @@
-"""Raw ingest on the real shared data: every input record accounted for, damage contained, output reproducible.
+"""Raw ingest on the real shared data: every input record accounted for, damage contained, output reproducible
+for any task and worker count, and the same from S3 (a real moto server) as from disk.
 Long because it runs every input format end to end; the parts have their own unit tests (test_readers.py,
-test_extraction.py, test_shards.py)."""
+test_inputs.py, test_extraction.py, test_shards.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from warcio.archiveiterator import ArchiveIterator
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
-from pipelines.ingest import BadInputError, IngestStats, ingest_source
+from pipelines.ingest import BadInputError, IngestStats, IngestStep, ingest_source
 from pipelines.readers import ReaderConfig, expand_inputs
 from pipelines.shards import iter_documents
 
@@ -27,8 +28,8 @@ WEB_PAGES = CRAWL / "web-pages.warc.gz"
 CODE_TARBALL = DATA / "code" / "thealgorithms_python_py_files.tar.gz"
 GSM8K = DATA / "math" / "gsm8k_train.jsonl"
 
-FAST = ReaderConfig(extract_html=False, workers=1)  # reading and accounting only, no trafilatura
-TOLERANT = ReaderConfig(extract_html=False, workers=1, max_bad_fraction=1.0)  # for inputs damaged on purpose
+FAST = ReaderConfig(extract_html=False)  # reading and accounting only, no trafilatura
+TOLERANT = ReaderConfig(extract_html=False, max_bad_fraction=1.0)  # for inputs damaged on purpose
 
 
 def ingest(tmp_path: Path, inputs: list[Path], fmt: str, reader: ReaderConfig = FAST, name="src", out="out"):
@@ -42,7 +43,8 @@ def assert_accounted(stats: IngestStats, out_dir: Path) -> None:
     assert stats.records == stats.documents + sum(stats.skipped.values()) + sum(stats.bad.values())
     assert [f["path"] for f in stats.files] == sorted(p.name for p in out_dir.glob("part-*.jsonl.gz"))
     assert sum(f["records"] for f in stats.files) == stats.documents
-    assert len(rejected(out_dir)) == sum(stats.bad.values())
+    assert [f["path"] for f in stats.rejected] == sorted(p.name for p in out_dir.glob("rejected-*.jsonl.gz"))
+    assert len(rejected(out_dir)) == sum(stats.bad.values()) == sum(f["records"] for f in stats.rejected)
 
 
 def documents(out_dir: Path) -> list[dict]:
@@ -50,8 +52,15 @@ def documents(out_dir: Path) -> list[dict]:
 
 
 def rejected(out_dir: Path) -> list[dict]:
-    with gzip.open(out_dir / "rejected.jsonl.gz", "rb") as f:
-        return [json.loads(line) for line in f]
+    lines = []
+    for path in sorted(out_dir.glob("rejected-*.jsonl.gz")):
+        with gzip.open(path, "rb") as f:
+            lines += [json.loads(line) for line in f]
+    return lines
+
+
+def output_bytes(out_dir: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out_dir.iterdir())}
 
 
 def warcio_record_count(path: Path) -> int:
@@ -151,9 +160,9 @@ def test_japanese_pages_are_decoded_from_their_charset(tmp_path):
 
 @pytest.mark.slow
 def test_web_pages_nearly_all_become_documents_with_extraction(tmp_path):
-    # The demo's real path: HTML -> trafilatura in 2 processes (~20 s). Measured: 1,168 documents, 3 pages where
+    # The demo's real path: HTML -> trafilatura in one task (~40 s). Measured: 1,168 documents, 3 pages where
     # trafilatura finds no main text; datatrove's WarcReader + Trafilatura gives 962.
-    stats, docs, _ = ingest(tmp_path, [WEB_PAGES], "warc", ReaderConfig(workers=2), name="web")
+    stats, docs, _ = ingest(tmp_path, [WEB_PAGES], "warc", ReaderConfig(), name="web")
     assert stats.records == 1171 and stats.skipped == {}
     assert stats.documents >= 1150
     assert set(stats.bad) <= {"no_text_extracted", "extraction_timeout"} and sum(stats.bad.values()) <= 10
@@ -224,7 +233,7 @@ def test_a_page_that_takes_too_long_is_counted_not_waited_for(tmp_path, monkeypa
     monkeypatch.setattr("pipelines.extraction.EXTRACT_TIMEOUT_S", 0.0005)
     path = tmp_path / "slow.warc.gz"
     path.write_bytes(b"".join(gzip_members(WEB_PAGES, 3)))
-    stats, _, bad = ingest(tmp_path, [path], "warc", ReaderConfig(workers=1, max_bad_fraction=1.0))
+    stats, _, bad = ingest(tmp_path, [path], "warc", ReaderConfig(max_bad_fraction=1.0))
     assert stats.bad == {"extraction_timeout": 3} and bad[0]["detail"] == "> 0.0005 s"
 
 
@@ -270,18 +279,80 @@ def test_content_types_statuses_and_schemes(tmp_path):
     assert {r["id"] for r in bad} == {"<urn:uuid:d>", "<urn:uuid:e>"}
 
 
-def test_worker_count_never_changes_the_output(tmp_path):
-    # 40 real pages = 3 chunks, so the 2-worker run really uses its process pool.
-    path = tmp_path / "slice.warc.gz"
-    path.write_bytes(b"".join(gzip_members(WEB_PAGES, 40)))
-    outputs = []
-    for run, workers in enumerate((1, 2, 2)):
+def split_pages(tmp_path: Path, sizes=(17, 3, 20)) -> list[Path]:
+    """The first sum(sizes) pages of web-pages.warc.gz as len(sizes) WARC files (plus one with no page at all)."""
+    members = gzip_members(WEB_PAGES, sum(sizes))
+    folder = tmp_path / "inputs"
+    folder.mkdir()
+    paths, start = [], 0
+    for i, size in enumerate(sizes):
+        paths.append(folder / f"pages-{i}.warc.gz")
+        paths[-1].write_bytes(b"".join(members[start : start + size]))
+        start += size
+    paths.append(folder / "pages-9-empty.warc.gz")
+    paths[-1].write_bytes(b"")
+    return paths
+
+
+@pytest.mark.slow
+def test_task_and_worker_counts_never_change_the_output(tmp_path):
+    # 40 real pages in 3 files, trafilatura on; 4 tasks for 4 files, 6 tasks: two tasks with nothing to do.
+    paths = split_pages(tmp_path)
+    reader = ReaderConfig(docs_per_shard=8)
+    outputs, counts = [], []
+    for run, (tasks, workers) in enumerate(((1, 1), (2, 2), (4, 2), (6, 1))):
         out = tmp_path / f"out{run}"
-        reader = ReaderConfig(workers=workers, docs_per_shard=15)
-        ingest_source(name="web", inputs=[path], format="warc", reader=reader, out_dir=out)
-        outputs.append({p.name: p.read_bytes() for p in sorted(out.iterdir())})
-    assert outputs[0] == outputs[1] == outputs[2]
-    assert sorted(outputs[0]) == [f"part-0000{i}.jsonl.gz" for i in range(3)] + ["rejected.jsonl.gz"]
+        stats = ingest_source(name="web", inputs=paths, format="warc", reader=reader, out_dir=out,
+                              tasks=tasks, workers=workers)
+        assert_accounted(stats, out)
+        outputs.append(output_bytes(out))
+        counts.append((stats.records, stats.documents, stats.skipped, stats.bad, stats.bytes_in, stats.files))
+    assert outputs[0] == outputs[1] == outputs[2] == outputs[3]
+    assert counts[0] == counts[1] == counts[2] == counts[3]
+    # Parts are named after their input file (its index in the list), split at docs_per_shard; the empty file
+    # gives none. Measured: every one of the 40 pages has main text.
+    assert counts[0][:2] == (40, 40)
+    assert [(f["path"], f["records"]) for f in counts[0][5]] == [
+        ("part-00000-00000.jsonl.gz", 8), ("part-00000-00001.jsonl.gz", 8), ("part-00000-00002.jsonl.gz", 1),
+        ("part-00001-00000.jsonl.gz", 3),
+        ("part-00002-00000.jsonl.gz", 8), ("part-00002-00001.jsonl.gz", 8), ("part-00002-00002.jsonl.gz", 4),
+    ]
+    assert sorted(outputs[0]) == [f["path"] for f in counts[0][5]]  # and no rejected file
+
+
+def test_a_task_reads_its_share_of_the_inputs_and_nothing_else(tmp_path):
+    paths = split_pages(tmp_path, sizes=(2, 3, 4))
+    step = IngestStep(name="web", inputs=paths, format="warc", reader=FAST, out_dir=tmp_path / "out",
+                      listing_dir=tmp_path / "files")
+    list(step.run(None, rank=1, world_size=2))  # inputs 1 and 3 (the empty one)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["part-00001-00000.jsonl.gz"]
+    assert sorted(p.name for p in (tmp_path / "files").iterdir()) == ["00001.json", "00003.json"]
+    listing = json.loads((tmp_path / "files" / "00001.json").read_text())
+    assert listing == {"input": str(paths[1]), "parts": [{"path": "part-00001-00000.jsonl.gz", "records": 3}],
+                       "rejected": None}
+    assert step.stats.stats["records"].total == 3 and step.stats.stats["files"].total == 2
+
+
+def test_same_outputs_from_s3_as_from_disk(tmp_path, s3):
+    # Real files, two damaged ones among them, uploaded to a real S3 server (moto); read by glob, streamed.
+    members = gzip_members(WEB_PAGES, 8)
+    folder = tmp_path / "crawl"
+    folder.mkdir()
+    (folder / "a-clean.warc.gz").write_bytes(b"".join(members[:5]))
+    (folder / "b-damaged.warc.gz").write_bytes(members[5] + b"junk between members" + members[6] + members[7][:900])
+    (folder / "c-dolma.warc.gz").write_bytes((CRAWL / "dolma_sample-0000.warc.gz").read_bytes())
+    for path in folder.iterdir():
+        s3.client().upload_file(str(path), s3.bucket, f"crawl/{path.name}")
+    local = expand_inputs(["crawl/*.warc.gz"], tmp_path)
+    remote = expand_inputs([f"s3://{s3.bucket}/crawl/*.warc.gz"], tmp_path)
+    assert remote == [f"s3://{s3.bucket}/crawl/{p.name}" for p in local]
+    from_disk = ingest_source(name="cc", inputs=local, format="warc", reader=TOLERANT, out_dir=tmp_path / "disk")
+    from_s3 = ingest_source(name="cc", inputs=remote, format="warc", reader=TOLERANT, out_dir=tmp_path / "s3",
+                            tasks=2)
+    assert output_bytes(tmp_path / "s3") == output_bytes(tmp_path / "disk")
+    assert from_s3 == from_disk
+    assert from_s3.documents == 5 + 2 + 22 and from_s3.bad == {"bad_gzip_member": 1, "truncated": 1}
+    assert from_s3.bytes_in == sum(p.stat().st_size for p in local)
 
 
 # --- JSONL / Parquet ---------------------------------------------------------------------------------------------
@@ -376,6 +447,7 @@ def test_parquet_round_trip(tmp_path):
         broken = [tmp_path / "broken.parquet"]
         ingest_source(name="math", inputs=broken, format="parquet", reader=ReaderConfig(), out_dir=tmp_path / "b")
     assert rejected(tmp_path / "b")[0]["reason"] == "bad_parquet"
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["rejected-00000.jsonl.gz"]
 
 
 # --- Text: archives, folders, files ----------------------------------------------------------------------------
@@ -430,6 +502,7 @@ def test_too_many_bad_records_raise_naming_the_source(tmp_path):
         ingest_source(name="mathsrc", inputs=[path], format="jsonl", reader=reader, out_dir=tmp_path / "out")
     message = str(info.value)
     assert "'mathsrc'" in message and "20.0%" in message and "10.0%" in message and "bad_json=2" in message
+    assert str(tmp_path / "out" / "rejected-*.jsonl.gz") in message
     assert info.value.stats.documents == 8 and info.value.stats.bad == {"bad_json": 2}
     assert len(documents(tmp_path / "out")) == 8 and len(rejected(tmp_path / "out")) == 2  # written before raising
 
@@ -449,18 +522,18 @@ def test_config_and_call_errors(tmp_path):
         ingest_source(name="x", inputs=[GSM8K], format="jsonl", reader=reader, out_dir=tmp_path / "b")
 
 
-def test_shards_progress_and_reproducible_bytes(tmp_path):
+def test_shards_and_reproducible_bytes(tmp_path):
     reader = ReaderConfig(text_fields=("question", "answer"), docs_per_shard=3000)
-    messages: list[str] = []
-    stats = ingest_source(
-        name="math", inputs=[GSM8K], format="jsonl", reader=reader, out_dir=tmp_path / "a", progress=messages.append
-    )
+    stats = ingest_source(name="math", inputs=[GSM8K], format="jsonl", reader=reader, out_dir=tmp_path / "a",
+                          logging_dir=tmp_path / "logs")
     assert stats.files == [
-        {"path": "part-00000.jsonl.gz", "records": 3000},
-        {"path": "part-00001.jsonl.gz", "records": 3000},
-        {"path": "part-00002.jsonl.gz", "records": 1473},
+        {"path": "part-00000-00000.jsonl.gz", "records": 3000},
+        {"path": "part-00000-00001.jsonl.gz", "records": 3000},
+        {"path": "part-00000-00002.jsonl.gz", "records": 1473},
     ]
-    assert len(messages) == 8 and "7473 records" in messages[-1]
+    assert stats.rejected == []
+    # The counts are datatrove's stats, merged into the run's stats.json.
+    [step] = json.loads((tmp_path / "logs" / "stats.json").read_text())
+    assert step["stats"]["documents"]["total"] == 7473 and step["stats"]["records"]["total"] == 7473
     ingest_source(name="math", inputs=[GSM8K], format="jsonl", reader=reader, out_dir=tmp_path / "b")
-    for part in ("part-00000.jsonl.gz", "part-00002.jsonl.gz", "rejected.jsonl.gz"):
-        assert (tmp_path / "a" / part).read_bytes() == (tmp_path / "b" / part).read_bytes()
+    assert output_bytes(tmp_path / "a") == output_bytes(tmp_path / "b")
