@@ -30,9 +30,9 @@ from pipelines.tokenize import PackingConfig, TokenizerConfig
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEMO_RECIPE = REPO_ROOT / "recipes" / "demo.yaml"
 
-# Reader settings that change how the work is done but never what it produces (ingest output is
-# identical for any worker count, and the threshold only decides whether to fail). Leaving them out
-# of the code version means tuning them does not make the asset stale.
+# Reader settings that never change what ingest produces: `workers` is deprecated and ignored (ingest runs as
+# the executor's tasks, whose count never changes the output), and the threshold only decides whether to fail.
+# Leaving them out of the code version means setting them does not make the asset stale.
 READER_FIELDS_NOT_VERSIONED = ("workers", "max_bad_fraction")
 
 
@@ -47,7 +47,9 @@ class SourceConfig(BaseModel):
 
     name: str = Field(description="Asset-key-safe name: lower-case letters, digits and _")
     format: Literal["warc", "wet", "jsonl", "parquet", "text"]
-    inputs: list[str] = Field(min_length=1, description="Paths, globs or file:// URIs, relative to base_dir")
+    inputs: list[str] = Field(min_length=1, description=(
+        "Paths, globs or file:// URIs, relative to base_dir, or fsspec URLs and globs "
+        "(s3://bucket/crawl/*.warc.gz; S3 endpoint and credentials from the AWS_* variables)"))
     reader: ReaderConfig = ReaderConfig()
     filter: FilterConfig = FilterConfig()
 
@@ -144,7 +146,8 @@ class Recipe(BaseModel):
                 return source
         raise KeyError(f"recipe {self.name!r} has no source {name!r}; it has {[s.name for s in self.sources]}")
 
-    def input_files(self, source: SourceConfig) -> list[Path]:
+    def input_files(self, source: SourceConfig) -> list[Path | str]:
+        """The source's inputs, sorted: local files as absolute Paths, remote ones as URLs (str)."""
         return expand_inputs(source.inputs, self.input_root)
 
 

@@ -32,6 +32,9 @@ def expand_remote(url: str) -> list[str]:
     naming it."""
     try:
         fs, path = remote_fs(url)
+        # fsspec keeps listings in its (per-process, cached) filesystem: list afresh, so that a file replaced since
+        # is seen; input_info then takes sizes and ETags from this listing instead of one request per file.
+        fs.invalidate_cache()
         if GLOB_CHARS.search(path):
             matches = [m for m, info in fs.glob(path, detail=True).items() if info.get("type") != "directory"]
             kind = "glob"

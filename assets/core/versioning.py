@@ -25,9 +25,21 @@ def code_version(stage: str, implementation: str, section) -> str:
     return f"{stage}:{implementation}:{section_sha256(section)[:12]}"
 
 
-def file_fingerprints(paths: list[Path]) -> list[str]:
-    """Name and size of each input: enough to notice a replaced file without hashing gigabytes."""
-    return [f"{path.name}:{path.stat().st_size}" for path in paths]
+def file_fingerprints(paths: list[Path | str]) -> list[str]:
+    """Name and size of each local input: enough to notice a replaced file without hashing gigabytes. A remote
+    input (an fsspec URL, str) is its URL, size and ETag (or modification time, where the store has no ETag),
+    from the store's listing: nothing is downloaded."""
+    prints = []
+    for path in paths:
+        if isinstance(path, Path):
+            prints.append(f"{path.name}:{path.stat().st_size}")
+        else:
+            from pipelines.inputs import input_info
+
+            info = input_info(path)
+            version = info.get("etag") or info.get("mtime", "")
+            prints.append(f"{path}:{info['size']}:{version}")
+    return prints
 
 
 def version_key(code_version: str, *, upstream: dict[str, str] | None = None, inputs: list[str] | None = None) -> str:

@@ -1,6 +1,12 @@
-"""`curation/<source>/raw_crawl`: the source's input files (WARC/WET/JSONL/Parquet/text) normalized to datatrove
-documents, every input record accounted for: written, skipped by nature (e.g. WARC request records), or bad
-by reason (and listed in rejected.jsonl.gz beside the parts).
+"""`curation/<source>/raw_crawl`: the source's input files (WARC/WET/JSONL/Parquet/text; local paths or fsspec
+URLs such as s3://bucket/crawl/*.warc.gz) normalized to datatrove documents, every input record accounted for:
+written, skipped by nature (e.g. WARC request records), or bad by reason (and listed in rejected-NNNNN.jsonl.gz
+beside the parts).
+
+The stage is pipelines/ingest.py's IngestStep run by the executor resource, one task per input file unless the
+resource says otherwise (its outputs are named after the input files, so the task count never changes them);
+the counts come from the run's merged datatrove stats. Resumable: a re-materialization after a kill runs only
+the tasks that had not finished.
 """
 
 from dagster import AssetKey, Failure, MetadataValue
@@ -10,10 +16,11 @@ from assets.core.upstream import Output
 from assets.core.versioning import file_fingerprints
 from assets.plots import bar_chart, count_table
 from assets.recipe import Recipe, SourceConfig
-from pipelines.ingest import BadInputError, ingest_source
+from pipelines.ingest import BadInputError, check_bad_fraction, ingest_pipeline, ingest_stats
 
 # Bump when the ingest code changes what it writes for the same settings.
-RAW_CRAWL_IMPLEMENTATION = "v1"
+# v2: a datatrove step in N tasks; parts named after their input file (part-<file>-<k>), rejected-<file>.
+RAW_CRAWL_IMPLEMENTATION = "v2"
 
 
 def raw_crawl_key(source_name: str) -> AssetKey:
@@ -28,18 +35,25 @@ def raw_crawl_asset(recipe: Recipe, source: SourceConfig):
 
     def build(inputs: Inputs, out_dir) -> dict:
         files = inputs.extra["files"]
-        inputs.log.info(f"ingesting {len(files)} file(s) of {source.name} into {out_dir}")
+        executor = inputs.resources.executor
+        logs = inputs.work / "logs" / "ingest"
+        tasks = executor.tasks_for(len(files))
+        inputs.log.info(f"ingesting {len(files)} file(s) of {source.name} into {out_dir} in {tasks} task(s)")
+        steps = ingest_pipeline(name=source.name, inputs=files, format=source.format, reader=source.reader,
+                                out_dir=out_dir, logging_dir=logs)
+        stats_path = executor.run(steps, logging_dir=logs, tasks=tasks)
+        stats = ingest_stats(stats_path, logging_dir=logs, inputs=len(files))
+        inputs.log.info(f"{source.name}: {stats.summary()}")
         try:
-            stats = ingest_source(name=source.name, inputs=files, format=source.format, reader=source.reader,
-                                  out_dir=out_dir, progress=inputs.log.info)
+            check_bad_fraction(stats, name=source.name, reader=source.reader, out_dir=out_dir)
         except BadInputError as exc:
             raise Failure(
-                description=f"{exc} (the rejected records are listed in {out_dir}/rejected.jsonl.gz)",
+                description=f"{exc} (the rejected records are listed in {out_dir}/rejected-*.jsonl.gz)",
                 metadata={"bad": MetadataValue.json(exc.stats.bad), "scratch": str(out_dir)},
             ) from exc
-        return {"files": stats.files, "counts": {"records": stats.records, "kept": stats.documents,
-                                                 "skipped": stats.skipped, "dropped": stats.bad,
-                                                 "bytes_in": stats.bytes_in}}
+        return {"files": stats.files + stats.rejected,
+                "counts": {"records": stats.records, "kept": stats.documents, "skipped": stats.skipped,
+                           "dropped": stats.bad, "bytes_in": stats.bytes_in}}
 
     def metadata(inputs: Inputs, output: Output) -> dict:
         counts = output.manifest["counts"]
@@ -53,7 +67,7 @@ def raw_crawl_asset(recipe: Recipe, source: SourceConfig):
             "records_plot": bar_chart(_records(counts), title=f"{source.name}: input records", ylabel="records"),
             "bad_fraction": _bad_fraction(counts),
             "input_bytes": counts["bytes_in"],
-            "files": len(output.manifest["files"]),
+            "files": len([f for f in output.manifest["files"] if f["path"].startswith("part-")]),
         }
 
     return output_asset(OutputSpec(
@@ -65,6 +79,8 @@ def raw_crawl_asset(recipe: Recipe, source: SourceConfig):
             f"`sources[{source.name}]` inputs, format and reader settings."
         ),
         prepare=prepare, build=build, metadata=metadata,
+        resources=frozenset({"executor"}),
+        resumable=True,  # the work folder (task completion markers, finished inputs' parts) is kept per version
     ))
 
 

@@ -38,7 +38,7 @@ def test_pretrain_recipe_env_chooses_the_recipe(tmp_path, monkeypatch):
         (lambda raw: raw["sources"][0].update(formt="warc"), "sources[0] (web).formt: Extra inputs are not permitted"),
         (lambda raw: raw["sources"][1]["reader"].update(min_text_chars="many") if "reader" in raw["sources"][1] else raw["sources"][1].update(reader={"min_text_chars": "many"}),
          "sources[1] (cc).reader.min_text_chars: Input should be a valid integer"),
-        (lambda raw: raw["sources"][0]["reader"].update(bogus=1), "sources[0] (web).reader.bogus"),
+        (lambda raw: raw["sources"][0].setdefault("reader", {}).update(bogus=1), "sources[0] (web).reader.bogus"),
         (lambda raw: raw["sources"][2].update(format="pdf"), "sources[2] (cc_wet).format: Input should be"),
         (lambda raw: raw["sources"][3].update(inputs=["jsonl/no-such-file-*.jsonl.gz"]), "sources[3] (c4).inputs: "),
         (lambda raw: raw["sources"].append(dict(raw["sources"][0])), "source name 'web' is used twice"),
@@ -98,3 +98,22 @@ def test_checks_section_is_validated_and_versions_nothing(tmp_path):
         checks={"mode": "sample", "sample_documents": 500, "chunk_documents": 100, "seed": 3}))
     assert load_recipe(sampled).checks.sample_documents == 500
     assert code_versions(sampled) == code_versions(DEMO_RECIPE)
+
+
+def test_s3_inputs_are_listed_at_load_and_a_missing_one_is_named(tmp_path, s3):
+    for name in ("b.warc.gz", "a.warc.gz"):
+        s3.client().put_object(Bucket=s3.bucket, Key=f"crawl/{name}", Body=b"x")
+    url = f"s3://{s3.bucket}/crawl/*.warc.gz"
+    recipe = load_recipe(write_recipe(tmp_path, lambda raw: raw["sources"][1].update(inputs=[url])))
+    assert recipe.input_files(recipe.source("cc")) == [f"s3://{s3.bucket}/crawl/a.warc.gz",
+                                                       f"s3://{s3.bucket}/crawl/b.warc.gz"]
+    missing = f"s3://{s3.bucket}/crawl/gone.warc.gz"
+    path = write_recipe(tmp_path, lambda raw: raw["sources"][1].update(inputs=[missing]))
+    with pytest.raises(RecipeError, match=f"sources\\[1\\] \\(cc\\).inputs: input '{missing}' does not exist"):
+        load_recipe(path)
+
+
+def test_reader_workers_is_deprecated_but_accepted(tmp_path):
+    path = write_recipe(tmp_path, lambda raw: raw["sources"][0].update(reader={"workers": 2}))
+    web = load_recipe(path).source("web")
+    assert web.reader.workers == 2 and web.raw_section() == load_recipe(DEMO_RECIPE).source("web").raw_section()

@@ -23,7 +23,8 @@ def test_s3_globs_expand_to_sorted_files_and_mix_with_local_ones(s3):
     for key in ("crawl/b.warc.gz", "crawl/a.warc.gz", "crawl/sub/c.warc.gz", "crawl/notes.txt", "other/d.warc.gz"):
         upload(s3, key, b"x")
     bucket = f"s3://{s3.bucket}"
-    assert sorted(expand_remote(f"{bucket}/crawl/*.warc.gz")) == [f"{bucket}/crawl/a.warc.gz", f"{bucket}/crawl/b.warc.gz"]
+    assert sorted(expand_remote(f"{bucket}/crawl/*.warc.gz")) == [
+        f"{bucket}/crawl/a.warc.gz", f"{bucket}/crawl/b.warc.gz"]
     assert sorted(expand_remote(f"{bucket}/crawl/**/*.warc.gz")) == [
         f"{bucket}/crawl/a.warc.gz", f"{bucket}/crawl/b.warc.gz", f"{bucket}/crawl/sub/c.warc.gz"]
     found = expand_inputs([f"{bucket}/crawl/*.warc.gz", f"{bucket}/other/d.warc.gz", "crawl/dolma_sample-0000.warc.gz",

@@ -61,6 +61,15 @@ def test_file_fingerprints_are_name_and_size(tmp_path):
     assert file_fingerprints([]) == []
 
 
+def test_s3_fingerprints_are_url_size_and_etag_without_a_download(s3):
+    url = f"s3://{s3.bucket}/crawl/a.warc.gz"
+    s3.client().put_object(Bucket=s3.bucket, Key="crawl/a.warc.gz", Body=b"hello")
+    etag = s3.client().head_object(Bucket=s3.bucket, Key="crawl/a.warc.gz")["ETag"].strip('"')
+    assert file_fingerprints([url]) == [f"{url}:5:{etag}"]
+    s3.client().put_object(Bucket=s3.bucket, Key="crawl/a.warc.gz", Body=b"hellO")  # same size, new content
+    assert file_fingerprints([url]) != [f"{url}:5:{etag}"]
+
+
 def test_manifest_header_names_the_asset_versions_section_digest_run_and_time():
     section = {"k": [1, 2]}
     header = manifest_header(["curation", "web", "filtered"], "0123456789abcdef", "filtered:v1:x", section, "run-1")
