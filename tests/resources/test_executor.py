@@ -1,5 +1,6 @@
-"""The executor resource: the same curation assets on the local executor and on a Ray cluster give the same
-files; the Slurm kind builds the job datatrove would submit.
+"""The executor resource: every data stage of the demo writes the same files on one task, on four tasks two at a
+time and on a Ray cluster; a killed run resumes only its unfinished tasks; the Slurm kind builds the job
+datatrove would submit.
 
 The Ray cluster is real: `ray start --head` on 127.0.0.1 with 2 CPUs, in its own process group, stopped after.
 No Slurm cluster exists here: the Slurm test stops at the `sbatch` call (a stand-in on PATH that records the
@@ -19,36 +20,15 @@ from pathlib import Path
 
 import dill
 import pytest
-import yaml
 
 from datatrove.pipeline.base import PipelineStep
 
 from assets.cli import main
-from assets.recipe import DEMO_RECIPE
+from assets.recipe import DEMO_RECIPE, load_recipe
 from resources.executor import ExecutorResource
 from tests.ports import free_port
 
 BIN = Path(sys.executable).parent
-# Two small real sources (40 + 30 JSONL documents) in 20-document parts: each filter stage runs as 2 tasks.
-SOURCES = {
-    "c4": ["jsonl/olmo_c4*.json.gz", "jsonl/olmo_c4_100_domains_theguardian.jsonl.gz"],
-    "dolma": ["jsonl/dolma_*"],
-}
-STAGE = "curation/*/raw_crawl,curation/*/filtered"
-
-
-def write_recipe(path: Path) -> None:
-    raw = yaml.safe_load(DEMO_RECIPE.read_text())
-    c4 = next(s for s in raw["sources"] if s["name"] == "c4")
-    sources = []
-    for name, inputs in SOURCES.items():
-        sources.append({
-            "name": name, "format": "jsonl", "inputs": inputs, "reader": {"docs_per_shard": 20},
-            "filter": c4["filter"],
-        })
-    path.write_text(yaml.safe_dump({
-        "name": "executors", "base_dir": str((DEMO_RECIPE.parent / raw["base_dir"]).resolve()), "sources": sources,
-    }, sort_keys=False))
 
 
 def committed(home: Path) -> dict[str, dict]:
@@ -99,39 +79,48 @@ def ray_cluster(tmp_path, monkeypatch):
         subprocess.run(["rm", "-rf", str(temp)])
 
 
-@pytest.mark.slow  # ~40 s: Ray start-up, then the two sources ingested and filtered twice
-def test_local_and_ray_executors_commit_identical_outputs(tmp_path, monkeypatch, capsys, ray_cluster):
-    recipe = tmp_path / "recipe.yaml"
-    write_recipe(recipe)
-    monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
+# (PRETRAIN_EXECUTOR, PRETRAIN_EXECUTOR_TASKS, PRETRAIN_EXECUTOR_WORKERS): one task in this process, four tasks
+# two at a time, and a real Ray cluster with each stage's own task count.
+RUNS = {"local-1": ("local", "1", "1"), "local-4x2": ("local", "4", "2"), "ray-2": ("ray", "", "2")}
+DATA_STAGES = "+tokenization/packed"  # every curation and tokenization asset of the demo recipe
+
+
+@pytest.mark.slow  # ~8 min: the demo's curation and tokenization three times, plus Ray's start-up
+def test_every_data_stage_writes_the_same_bytes_for_any_task_count_and_executor(tmp_path, monkeypatch, capsys,
+                                                                                ray_cluster):
+    monkeypatch.delenv("PRETRAIN_RECIPE", raising=False)  # the demo recipe itself
     runs = {}
-    for kind in ("local", "ray"):
-        home = tmp_path / kind
+    for run, (kind, tasks, workers) in RUNS.items():
+        home = tmp_path / run
         monkeypatch.setenv("PRETRAIN_HOME", str(home))
         monkeypatch.setenv("DAGSTER_HOME", str(home / "dagster"))
         monkeypatch.setenv("PRETRAIN_EXECUTOR", kind)
+        monkeypatch.setenv("PRETRAIN_EXECUTOR_TASKS", tasks)
+        monkeypatch.setenv("PRETRAIN_EXECUTOR_WORKERS", workers)
         if kind == "ray":
             monkeypatch.setenv("PRETRAIN_RAY_ADDRESS", ray_cluster)
-            monkeypatch.setenv("PRETRAIN_EXECUTOR_WORKERS", "2")
             monkeypatch.setenv("PRETRAIN_EXECUTOR_MEM_PER_CPU_GB", "0.5")
-        assert main(["materialize", "--select", STAGE]) == 0, capsys.readouterr().err[-3000:]
-        runs[kind] = committed(home)
+        assert main(["materialize", "--select", DATA_STAGES]) == 0, capsys.readouterr().err[-3000:]
+        runs[run] = committed(home)
 
-    local, ray = runs["local"], runs["ray"]
-    assert set(local) == set(ray) == {f"curation/{s}/{stage}" for s in SOURCES for stage in ("raw_crawl", "filtered")}
-    for asset in local:
-        assert ray[asset]["version_key"] == local[asset]["version_key"], asset
-        assert [(f["path"], f.get("records")) for f in ray[asset]["files"]] == [(f["path"], f.get("records")) for f in local[asset]["files"]]
-        assert ray[asset]["counts"] == local[asset]["counts"], asset
-        # Byte for byte: the same files with the same sha256, so the same data version (the filter's gzip is
-        # reproducible: pipelines/filters.py writes no time stamp or name in the headers).
-        assert ray[asset]["files"] == local[asset]["files"], asset
-        assert ray[asset]["data_version"] == local[asset]["data_version"], asset
-    # The filter stage really ran as several tasks: one kept part per task, and something was kept and dropped.
-    for source in SOURCES:
-        manifest = ray[f"curation/{source}/filtered"]
-        assert len([f for f in manifest["files"] if f["path"].startswith("part-")]) >= 2
-        assert manifest["counts"]["kept"] > 0 and manifest["counts"]["in"] > manifest["counts"]["kept"]
+    reference = runs["local-1"]
+    sources = [s.name for s in load_recipe(DEMO_RECIPE).sources]
+    assert {f"curation/{s}/{stage}" for s in sources for stage in ("raw_crawl", "filtered")} | {
+        "curation/quality_classifier", "curation/deduplicated", "curation/decontaminated", "tokenization/tokenizer",
+        "tokenization/packed"} <= set(reference)
+    for run, manifests in runs.items():
+        assert set(manifests) == set(reference), run
+        for asset, manifest in reference.items():
+            other = manifests[asset]
+            # Byte for byte: the same files under the same names with the same sha256 (so the same data
+            # version, and nothing downstream goes stale when a stage moves to a cluster), and the same counts.
+            assert other["version_key"] == manifest["version_key"], (run, asset)
+            assert other["files"] == manifest["files"], (run, asset)
+            assert other["data_version"] == manifest["data_version"], (run, asset)
+            assert other.get("counts") == manifest.get("counts"), (run, asset)
+    # The stages really were split: with 4 tasks the web source's one WARC is read by one task and the filter of
+    # the c4 source (two input files) by two, yet the outputs above are equal.
+    assert len(reference["curation/c4/raw_crawl"]["inputs"]) >= 2
 
 
 def test_executor_kind_and_settings_come_from_the_environment():
