@@ -4,8 +4,15 @@ Exact dedup on the normalized text, then MinHash LSH with verified candidates (p
 sources, so the same page in two sources is caught. The kept document of each cluster is the one with the
 smallest (source position in the recipe, document id): moving a source up the recipe makes it win ties.
 
-Output under curation/deduplicated/<version key>/: <source>/part-NNNNN.jsonl.gz (kept documents) and
-<source>/removed.jsonl.gz (removed ones, with metadata.dedup_reason and dup_cluster) for every source.
+Runs as four datatrove pipelines on the executor resource (pipelines/dedup_stage.py): signatures and removal with
+executor.tasks_for(input shards) tasks, each streaming its own upstream shards straight from the store (no
+download of the whole input); buckets per band group; clusters in one task over document ids only (its bytes
+per document are the manifest's counts.cluster_bytes_per_document). Each phase logs under work/logs/<phase>, and
+the build is resumable: materialized again after a kill, it reruns only the tasks that had not completed.
+
+Output under curation/deduplicated/<version key>/, per input shard of each source (named after it, so any task
+count writes the same files): <source>/part-<shard>.jsonl.gz (kept documents) and <source>/removed-<shard>.jsonl.gz
+(removed ones, with metadata.dedup_reason and dup_cluster); a file that would be empty is not written.
 """
 
 import dataclasses
@@ -18,12 +25,13 @@ from assets.core.upstream import Output
 from assets.curation.checks import documents_check, documents_check_spec
 from assets.plots import bar_chart, count_table, histogram
 from assets.recipe import Recipe
-from pipelines.dedup import deduplicate
+from pipelines.dedup_stage import deduplicate
+from pipelines.dedup_steps import Shard
 
 # Bump when the dedup code changes what it writes for the same settings.
-DEDUPLICATED_IMPLEMENTATION = "v1"
+DEDUPLICATED_IMPLEMENTATION = "v2"  # v2: datatrove phases, outputs named after the input shards
 # Settings that change how the work is done but never its output: tuning them leaves the asset fresh.
-DEDUP_FIELDS_NOT_VERSIONED = ("batch_shingles",)
+DEDUP_FIELDS_NOT_VERSIONED = ("batch_shingles", "bucket_docs")
 
 
 def deduplicated_key() -> AssetKey:
@@ -44,9 +52,11 @@ def deduplicated_asset(recipe: Recipe, upstream_key: Callable[[str], AssetKey]):
     reads = {source.name: upstream_key(source.name) for source in recipe.sources}
 
     def build(inputs: Inputs, out_dir) -> dict:
-        sources = [(name, out.download(inputs.store, inputs.work / "in" / name)) for name, out in inputs.outputs.items()]
-        inputs.log.info(f"deduplicating {len(sources)} source(s) in {inputs.work}")
-        stats = deduplicate(sources=sources, config=recipe.dedup, work_dir=inputs.work / "stages", out_dir=out_dir)
+        # Every task streams its own shards from the store (Shard pickles the store for Ray and Slurm workers).
+        sources = [(name, [Shard(name, key, inputs.store) for key in inputs.outputs[name].files()]) for name in reads]
+        inputs.log.info(f"deduplicating {sum(len(s) for _, s in sources)} shard(s) of {len(sources)} source(s) in {inputs.work}")
+        stats = deduplicate(sources=sources, config=recipe.dedup, work_dir=inputs.work, out_dir=out_dir,
+                            executor=inputs.resources.executor)
         return {"files": stats.files, "counts": {
             "in": sum(stats.documents_in.values()),
             "kept": sum(stats.kept.values()),
@@ -58,6 +68,8 @@ def deduplicated_asset(recipe: Recipe, upstream_key: Callable[[str], AssetKey]):
             "cluster_sizes": {str(size): n for size, n in stats.cluster_sizes.items()},
             "candidate_pairs": stats.candidate_pairs,
             "verified_pairs": stats.verified_pairs,
+            "exact_pairs": stats.exact_pairs,
+            "cluster_bytes_per_document": stats.cluster_bytes_per_document,
         }}
 
     def checks(inputs: Inputs, output: Output) -> list:
@@ -84,6 +96,7 @@ def deduplicated_asset(recipe: Recipe, upstream_key: Callable[[str], AssetKey]):
             "per_source_counts": MetadataValue.json(counts["per_source"]),
             "candidate_pairs": counts["candidate_pairs"],
             "verified_pairs": counts["verified_pairs"],
+            "cluster_bytes_per_document": counts["cluster_bytes_per_document"],
         }
 
     return output_asset(OutputSpec(
@@ -96,6 +109,7 @@ def deduplicated_asset(recipe: Recipe, upstream_key: Callable[[str], AssetKey]):
             "smallest (source position in the recipe, id) is kept. Driven by the recipe's `dedup` section."
         ),
         reads=reads, build=build, checks=checks, check_specs=[documents_check_spec(key)], metadata=metadata,
+        resources=frozenset({"executor"}), resumable=True,
     ))
 
 

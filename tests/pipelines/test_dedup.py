@@ -8,7 +8,8 @@ import numpy as np
 import orjson
 import pytest
 
-from pipelines.dedup import DedupConfig, MinHasher, WordHasher, deduplicate, estimated_jaccard, ngram_hashes, normalized_words
+from pipelines.dedup import DedupConfig, MinHasher, WordHasher, estimated_jaccard, ngram_hashes, normalized_words
+from pipelines.dedup_stage import deduplicate
 from pipelines.ingest import ingest_source
 from pipelines.readers import ReaderConfig
 from pipelines.shards import iter_documents
@@ -51,7 +52,7 @@ def run(tmp_path: Path, sources: list[tuple[str, list[dict]]], config=DedupConfi
     out = tmp_path / label / "out"
     stats = deduplicate(sources=inputs, config=config, work_dir=tmp_path / label / "work", out_dir=out)
     kept = {name: [d for f in sorted((out / name).glob("part-*.jsonl.gz")) for d in iter_documents(f)] for name, _ in sources}
-    removed = {name: list(iter_documents(out / name / "removed.jsonl.gz")) for name, _ in sources}
+    removed = {name: [d for f in sorted((out / name).glob("removed-*.jsonl.gz")) for d in iter_documents(f)] for name, _ in sources}
     return stats, kept, removed
 
 
@@ -77,10 +78,10 @@ def test_an_edited_copy_in_another_source_is_removed_and_the_rest_survive_unchan
     assert gone["dup_cluster"] == f"web/{original['id']}" and gone["dup_cluster_size"] == 2
     assert stats.removed == {"near_duplicate": 1} and stats.removed_per_source == {"web": 0, "c4": 1}
     assert stats.cluster_sizes == {2: 1}
-    # The stages handed over on disk: signatures, one sorted bucket file per band.
+    # The phases handed over on disk: signatures per input shard, pairs per bucket (exact hashes, each band).
     work = tmp_path / "run" / "work"
-    assert (work / "signatures.u32").stat().st_size == 41 * 14 * 8 * 4
-    assert sorted(p.name for p in work.glob("bucket-*.npy")) == [f"bucket-{b:02d}.npy" for b in range(14)]
+    assert [(work / "signatures" / f"0000{u}.sig").stat().st_size for u in (0, 1)] == [30 * 14 * 8 * 4, 11 * 14 * 8 * 4]
+    assert sorted(p.name for p in (work / "pairs").glob("*.npy")) == [f"band-{b:02d}-000.npy" for b in range(14)] + ["exact-000.npy"]
     assert stats.documents_in == {"web": 30, "c4": 11} and stats.kept == {"web": 30, "c4": 10}
     # The kept original carries its cluster; every other document comes out exactly as it went in.
     survivor = next(d for d in kept["web"] if d["id"] == original["id"])
