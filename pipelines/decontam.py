@@ -3,13 +3,19 @@
     index = BenchmarkIndex.build([Path("benchmarks/gsm8k_test.jsonl"), ...], ngram=13, min_letter_words=0.5)
     stats = decontaminate(inputs=[Path("dedup/web/part-00000.jsonl.gz")], index=index,
                           config=DecontamConfig(action="drop"), out_dir=Path("out"))
+    # as datatrove tasks over store parts (the asset's way): the index built once and saved, each task loads it
+    index.save(work / "index.npz")
+    steps = [DecontamShards(store=store, keys=keys, index_path=work / "index.npz", config=config, output_dir=out)]
 
 Every benchmark item is turned into the texts a web page would contain (question with each choice, context with
 its continuation, prompt with its solution, ...: see ITEM_TEXTS), normalized like dedup does (NFKC, case-folded,
 words of \\w+), and each run of `ngram` words is hashed to uint64 into one sorted array (plus the benchmark it
 came from). A document's n-grams are hashed the same way and looked up with one vectorized searchsorted.
-A document with any hit is dropped (action "drop", written to removed.jsonl.gz with its benchmarks) or has the
-character spans of its matching n-grams cut out (action "cut"; a document left with no words is dropped).
+A document with any hit is dropped (action "drop", written to removed-NNNNN.jsonl.gz with its benchmarks) or has
+the character spans of its matching n-grams cut out (action "cut"; a document left with no words is dropped).
+Each input part gives its own outputs, named after it (part-00003.jsonl.gz -> part-00003.jsonl.gz and
+removed-00003.jsonl.gz; none when it has no such document), documents in input order: the files do not depend
+on how many tasks share the parts. A task's counts go to datatrove's stats (DecontamShards; `decontam_counts`).
 Items shorter than `ngram` words cannot be matched by n-grams and are counted in `index.short_items`; n-grams
 mostly of numbers are not indexed (`min_letter_words`): number runs are common to MATH and to all code.
 """
@@ -20,16 +26,19 @@ import gzip
 import math
 import re
 import unicodedata
+import json
+import os
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable, Iterator, Literal, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Callable, Iterable, Iterator, Literal, Sequence
 
 import numpy as np
 import orjson
+from datatrove.pipeline.base import PipelineStep
 
 from pipelines.dedup import WordHasher, ngram_hashes, normalized_words
-from pipelines.shards import GzipLines, ShardWriter, iter_documents
+from pipelines.shards import GzipLines, iter_documents
 
 SHARD_COMPRESSLEVEL = 1  # as dedup's: intermediate data, speed over size (changing it changes every output byte)
 _WORD = re.compile(r"\w+")
@@ -45,7 +54,6 @@ class DecontamConfig:
     # An n-gram is indexed only if at least this fraction of its words contain a letter: runs of numbers
     # ("1 2 3 ... 13", the primes, matrix rows) are in MATH and in any code, and say nothing about leakage.
     min_letter_words: float = 0.5
-    docs_per_shard: int = 10_000
 
     def __post_init__(self):
         value = (self.benchmarks,) if isinstance(self.benchmarks, str) else tuple(self.benchmarks)
@@ -58,8 +66,6 @@ class DecontamConfig:
             raise ValueError(f"decontamination.min_letter_words must be within [0, 1], got {self.min_letter_words}")
         if self.action not in ("drop", "cut"):
             raise ValueError(f"decontamination.action must be 'drop' or 'cut', got {self.action!r}")
-        if self.docs_per_shard < 1:
-            raise ValueError(f"decontamination.docs_per_shard must be >= 1, got {self.docs_per_shard}")
 
 
 def _join(*parts) -> str:
@@ -232,6 +238,13 @@ class DecontamStats:
     hits: dict[str, int] = field(default_factory=dict)  # documents matching each benchmark
     files: list[dict] = field(default_factory=list)
 
+    def add(self, other: "DecontamStats") -> None:
+        for name in ("documents_in", "kept", "dropped", "cut", "chars_cut"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name, n in other.hits.items():
+            self.hits[name] = self.hits.get(name, 0) + n
+        self.files += other.files
+
 
 class Decontaminator:
     """Checks one document at a time against an index; word positions are kept for cutting."""
@@ -265,47 +278,148 @@ class Decontaminator:
         return merged, names
 
 
-def decontaminate(*, inputs: Sequence[Path], index: BenchmarkIndex, config: DecontamConfig, out_dir: Path) -> DecontamStats:
-    """Check every document of `inputs` (part files, in order) -> out_dir/part-NNNNN.jsonl.gz + removed.jsonl.gz."""
-    if index.ngram != config.ngram:
-        raise ValueError(f"decontamination: the index was built with ngram={index.ngram}, the config says {config.ngram}")
+def output_names(shard: str) -> tuple[str, str]:
+    """(kept part, removed file) named after an input part: 'part-00003.jsonl.gz' -> part-00003.jsonl.gz and
+    removed-00003.jsonl.gz."""
+    name = PurePosixPath(shard).name.removesuffix(".gz").removesuffix(".jsonl")
+    return f"{name}.jsonl.gz", f"removed-{name.removeprefix('part-')}.jsonl.gz"
+
+
+class _LazyLines:
+    """A GzipLines opened by its first record under a temporary name, renamed on close: no record, no file."""
+
+    def __init__(self, path: Path):
+        self.path, self.records, self._out = path, 0, None
+
+    def write(self, record: dict) -> None:
+        if self._out is None:
+            self._out = GzipLines(self.path.with_name(f".{self.path.name}.tmp"), compresslevel=SHARD_COMPRESSLEVEL)
+        self._out.write(record)
+        self.records += 1
+
+    def close(self, keep: bool = True) -> None:
+        if self._out is not None:
+            self._out.close()
+            os.replace(self._out.path, self.path) if keep else self._out.path.unlink(missing_ok=True)
+            self._out = None
+
+
+def decontaminate_part(docs: Iterable[dict], checker: "Decontaminator", config: DecontamConfig, out_dir: Path,
+                       shard: str) -> DecontamStats:
+    """Check the documents of one input part (in order) -> out_dir/<its kept part> and <its removed file>."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    stats = DecontamStats(hits={name: 0 for name in index.names})
-    checker = Decontaminator(index)
+    stats = DecontamStats(hits={name: 0 for name in checker.index.names})
+    kept_name, removed_name = output_names(shard)
+    kept, removed = _LazyLines(out_dir / kept_name), _LazyLines(out_dir / removed_name)
     hits: Counter = Counter()
-    shards = ShardWriter(out_dir, records_per_shard=config.docs_per_shard, compresslevel=SHARD_COMPRESSLEVEL)
-    removed = GzipLines(out_dir / "removed.jsonl.gz", compresslevel=SHARD_COMPRESSLEVEL)
-    with shards, removed:
-        for path in inputs:
-            for doc in iter_documents(path):
-                stats.documents_in += 1
-                text = doc.get("text") or ""
-                spans, names = checker.find(text)
-                if spans:
-                    hits.update(names)
-                    metadata = doc.setdefault("metadata", {})
-                    metadata["contaminated_by"] = sorted(names)
-                    if config.action == "cut":
-                        kept_text = _cut(text, spans)
-                        metadata["decontam_chars_cut"] = len(text) - len(kept_text)
-                        if normalized_words(kept_text):
-                            doc["text"] = kept_text
-                            stats.cut += 1
-                            stats.chars_cut += len(text) - len(kept_text)
-                        else:
-                            removed.write(doc)
-                            stats.dropped += 1
-                            continue
+    try:
+        for doc in docs:
+            stats.documents_in += 1
+            text = doc.get("text") or ""
+            spans, names = checker.find(text)
+            if spans:
+                hits.update(names)
+                metadata = doc.setdefault("metadata", {})
+                metadata["contaminated_by"] = sorted(names)
+                if config.action == "cut":
+                    kept_text = _cut(text, spans)
+                    metadata["decontam_chars_cut"] = len(text) - len(kept_text)
+                    if normalized_words(kept_text):
+                        doc["text"] = kept_text
+                        stats.cut += 1
+                        stats.chars_cut += len(text) - len(kept_text)
                     else:
                         removed.write(doc)
                         stats.dropped += 1
                         continue
-                shards.write(doc)
-                stats.kept += 1
-    stats.files = [*shards.files, {"path": "removed.jsonl.gz", "records": stats.dropped}]
+                else:
+                    removed.write(doc)
+                    stats.dropped += 1
+                    continue
+            kept.write(doc)
+            stats.kept += 1
+    except BaseException:
+        kept.close(keep=False)
+        removed.close(keep=False)
+        raise
+    kept.close()
+    removed.close()
+    stats.files = [{"path": w.path.name, "records": w.records} for w in (kept, removed) if w.records]
     stats.hits.update(hits)
     return stats
+
+
+def decontaminate(*, inputs: Sequence[Path], index: BenchmarkIndex, config: DecontamConfig, out_dir: Path) -> DecontamStats:
+    """Check every document of local `inputs` (part files), each part into its own outputs under out_dir."""
+    _check_ngram(index, config)
+    checker = Decontaminator(index)
+    total = DecontamStats(hits={name: 0 for name in index.names})
+    for path in inputs:
+        total.add(decontaminate_part(iter_documents(path), checker, config, out_dir, Path(path).name))
+    return total
+
+
+def _check_ngram(index: BenchmarkIndex, config: DecontamConfig) -> None:
+    if index.ngram != config.ngram:
+        raise ValueError(f"decontamination: the index was built with ngram={index.ngram}, the config says {config.ngram}")
+
+
+class DecontamShards(PipelineStep):
+    """This task's share of the input parts (store keys, every world_size-th from `rank`), each checked against
+    the index saved at `index_path` (loaded in the task, once) and written under output_dir as its own outputs.
+    Stats: documents_in, kept, dropped_contaminated, cut, chars_cut, hits_<benchmark> (documents per benchmark)."""
+
+    name = "🧪 decontaminate"
+    type = "🔻 - FILTER"
+
+    def __init__(self, *, store, keys: list[str], index_path: str, config: DecontamConfig, output_dir: str):
+        super().__init__()
+        names = [output_names(key)[0] for key in keys]
+        if len(set(names)) != len(names):
+            raise ValueError(f"decontamination: two input parts have the same name; outputs are named after them: {keys}")
+        self.store, self.keys, self.index_path = store, list(keys), str(index_path)
+        self.config, self.output_dir = config, str(output_dir)
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        mine = self.keys[rank::world_size]
+        if mine:
+            index = BenchmarkIndex.load(Path(self.index_path))
+            _check_ngram(index, self.config)
+            checker = Decontaminator(index)
+        for key in mine:
+            with self.track_time(unit="part"):
+                stats = decontaminate_part(_store_documents(self.store, key), checker, self.config,
+                                           Path(self.output_dir), key)
+            self.stat_update("parts", unit="part")
+            for name in ("documents_in", "kept", "cut", "chars_cut"):
+                self.stat_update(name, value=getattr(stats, name), unit="part")
+            self.stat_update("dropped_contaminated", value=stats.dropped, unit="part")
+            for benchmark, n in stats.hits.items():
+                self.stat_update(f"hits_{benchmark}", value=n, unit="part")
+        if data:
+            yield from data
+
+
+def decontam_counts(stats_path: Path, benchmarks: list[str]) -> dict:
+    """The asset's counts from a run's merged stats.json: in, kept, dropped by reason, cut, chars_cut, hits."""
+    totals: dict[str, int] = {}
+    for step in json.loads(Path(stats_path).read_text()):
+        if step["name"].split(": ", 1)[-1] == DecontamShards.name:
+            for key, value in step["stats"].items():
+                totals[key] = totals.get(key, 0) + int(value["total"] if isinstance(value, dict) else value)
+    dropped = totals.get("dropped_contaminated", 0)
+    return {"in": totals.get("documents_in", 0), "kept": totals.get("kept", 0),
+            "dropped": {"contaminated": dropped} if dropped else {}, "cut": totals.get("cut", 0),
+            "chars_cut": totals.get("chars_cut", 0), "hits": {name: totals.get(f"hits_{name}", 0) for name in benchmarks}}
+
+
+def _store_documents(store, key: str) -> Iterator[dict]:
+    """The documents of one gzip JSON-lines object of the store, streamed in line order."""
+    with store.open_read(key) as raw, gzip.open(raw, "rb") as lines:
+        for line in lines:
+            if line.strip():
+                yield orjson.loads(line)
 
 
 def _cut(text: str, spans: list[tuple[int, int]]) -> str:

@@ -1,12 +1,15 @@
 """`curation/<source>/decontaminated`: the source's part of the deduplicated output without benchmark text.
 
 Every document sharing an n-gram with a benchmark file the recipe lists is removed (or the span cut out of it,
-pipelines/decontam.py). Output under curation/<source>/decontaminated/<version key>/: part-NNNNN.jsonl.gz and
-removed.jsonl.gz (with metadata.contaminated_by). The benchmark n-gram index is built once per (files, n) and
-cached under the scratch root, so the per-source assets share it.
+pipelines/decontam.py). Output under curation/<source>/decontaminated/<version key>/: per input part of the
+dedup output, part-NNNNN.jsonl.gz (kept) and removed-NNNNN.jsonl.gz (with metadata.contaminated_by), named
+after that part. The benchmark n-gram index is built once per (files, n) and cached under the scratch root (the
+per-source assets share it); the scan runs as the executor resource's tasks, each loading the saved index and
+streaming its share of the parts from the store. Counts come from the tasks' datatrove stats.
 """
 
 import dataclasses
+import gzip
 import os
 from pathlib import Path
 
@@ -19,12 +22,12 @@ from assets.curation.checks import benchmark_check, benchmark_check_spec, docume
 from assets.curation.deduplicated import deduplicated_key
 from assets.plots import bar_chart
 from assets.recipe import Recipe, SourceConfig
-from pipelines.decontam import BenchmarkIndex, DecontamConfig, decontaminate
+from pipelines.decontam import BenchmarkIndex, DecontamConfig, DecontamShards, decontam_counts
 from pipelines.readers import expand_inputs
 from storage.manifest import data_version_of
 
 # Bump when the decontamination code changes what it writes for the same settings.
-DECONTAMINATED_IMPLEMENTATION = "v1"
+DECONTAMINATED_IMPLEMENTATION = "v2"  # v2: outputs per input part, scanned in tasks (issue 17)
 
 
 def decontaminated_key(source_name: str) -> AssetKey:
@@ -54,25 +57,26 @@ def decontaminated_asset(recipe: Recipe, source: SourceConfig, upstream_key: Ass
         # version, and everything downstream of it, stays as it was.
         own = [f for f in inputs.outputs["documents"].manifest["files"] if f["path"].startswith(f"{source.name}/")]
         # Built (or loaded from the cache) either way: the blocking check re-scans a reused output as well.
-        index = _cached_index(inputs.resources.scratch, benchmarks, settings, inputs.log.info)
+        index, index_path = _cached_index(inputs.resources.scratch, benchmarks, settings, inputs.log.info)
         return inputs.but(key_upstream={f"{upstream_key.to_user_string()}[{source.name}]": data_version_of(own)},
                           fingerprints=file_fingerprints(benchmarks),
-                          manifest={"inputs": [str(path) for path in benchmarks]}, extra={"index": index})
+                          manifest={"inputs": [str(path) for path in benchmarks]},
+                          extra={"index": index, "index_path": index_path})
 
     def build(inputs: Inputs, out_dir: Path) -> dict:
         index = inputs.extra["index"]
-        parts = inputs.outputs["documents"].download(inputs.store, inputs.work / "in", pattern_prefix=f"{source.name}/part-")
-        stats = decontaminate(inputs=parts, index=index, config=settings, out_dir=out_dir)
-        return {"files": stats.files, "counts": {
-            "in": stats.documents_in,
-            "kept": stats.kept,
-            "dropped": {"contaminated": stats.dropped} if stats.dropped else {},
-            "cut": stats.cut,
-            "chars_cut": stats.chars_cut,
-            "hits": stats.hits,
-            "benchmark_ngrams": len(index.hashes),
-            "short_items": index.short_items,
-        }}
+        keys = inputs.outputs["documents"].files(pattern_prefix=f"{source.name}/part-")
+        executor = inputs.resources.executor
+        step = DecontamShards(store=inputs.store, keys=keys, index_path=str(inputs.extra["index_path"]),
+                              config=settings, output_dir=str(out_dir))
+        stats_path = executor.run([step], logging_dir=inputs.work / "logs" / "decontaminate",
+                                  tasks=executor.tasks_for(len(keys)))
+        counts = decontam_counts(stats_path, index.names)
+        files = [{"path": p.name, "records": _count_lines(p)} for p in sorted(out_dir.glob("*.jsonl.gz"))]
+        written = {kind: sum(f["records"] for f in files if f["path"].startswith(kind)) for kind in ("part-", "removed-")}
+        # Every document is accounted for: the files hold what the tasks counted.
+        assert (written["part-"], written["removed-"]) == (counts["kept"], sum(counts["dropped"].values())), (written, counts)
+        return {"files": files, "counts": {**counts, "benchmark_ngrams": len(index.hashes), "short_items": index.short_items}}
 
     def checks(inputs: Inputs, output: Output) -> list:
         parts = output.files()
@@ -104,22 +108,29 @@ def decontaminated_asset(recipe: Recipe, source: SourceConfig, upstream_key: Ass
         # The benchmark check blocks: a failure stops the packed shards (and all else downstream) in the run.
         check_specs=[documents_check_spec(key), benchmark_check_spec(key)],
         failures=(ValueError,),  # a benchmark file the recipe names is missing
+        resources=frozenset({"executor"}), resumable=True,
     ))
 
 
-def _cached_index(scratch, files: list[Path], settings: DecontamConfig, log) -> BenchmarkIndex:
-    """Building the index of all demo benchmarks takes ~10 s; every source's asset reuses one copy."""
+def _count_lines(path: Path) -> int:
+    with gzip.open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
+def _cached_index(scratch, files: list[Path], settings: DecontamConfig, log) -> tuple[BenchmarkIndex, Path]:
+    """The index and the file it is saved in. Building the index of all demo benchmarks takes ~10 s; every
+    source's asset reuses one copy, and the scan's tasks load it from the file."""
     ngram, min_letter_words = settings.ngram, settings.min_letter_words
     digest = section_sha256(
         {"files": [str(p) for p in files], "fingerprints": file_fingerprints(files), "ngram": ngram, "min_letter_words": min_letter_words}
     )
     path = Path(scratch.root) / "decontam-index" / f"{digest[:16]}.npz"
     if path.is_file():
-        return BenchmarkIndex.load(path)
+        return BenchmarkIndex.load(path), path
     log(f"building the {ngram}-gram index of {len(files)} benchmark file(s)")
     index = BenchmarkIndex.build(files, ngram, min_letter_words)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npz")  # np.savez adds .npz unless the name has it
     index.save(tmp)
     os.replace(tmp, path)  # atomic: a concurrent reader sees the whole file or none
-    return index
+    return index, path

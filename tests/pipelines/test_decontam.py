@@ -1,15 +1,28 @@
-"""Decontamination on real data: real benchmark items planted in real web pages (../shared/data)."""
+"""Decontamination on real data: real benchmark items planted in real web pages (../shared/data); the scan as
+datatrove tasks over store parts gives the same bytes for any task and worker count."""
 
 import gzip
 import json
 from pathlib import Path
 
+from datatrove.executor import LocalPipelineExecutor
+
 import orjson
 import pytest
 
-from pipelines.decontam import BenchmarkIndex, DecontamConfig, Decontaminator, benchmark_texts, decontaminate
+from pipelines.decontam import (
+    BenchmarkIndex,
+    DecontamConfig,
+    Decontaminator,
+    DecontamShards,
+    benchmark_texts,
+    decontam_counts,
+    decontaminate,
+    output_names,
+)
 from pipelines.dedup import WordHasher, ngram_hashes, normalized_words
 from pipelines.shards import iter_documents
+from storage.local import LocalStore
 from tests.conftest import SHARED_DATA
 
 BENCH = SHARED_DATA / "benchmarks"
@@ -54,10 +67,13 @@ def test_a_planted_gsm8k_item_drops_its_page_and_clean_pages_survive_unchanged(t
     item = first_record(BENCH / "gsm8k_test.jsonl", skip=3)
     dirty = planted(pages[0], f"Homework help: {item['question']}", "dirty")
     docs = pages[1:] + [dirty]
-    stats = decontaminate(inputs=[write_part(tmp_path / "in.jsonl.gz", docs)], index=index, config=DecontamConfig(), out_dir=tmp_path / "out")
+    stats = decontaminate(inputs=[write_part(tmp_path / "part-00007.jsonl.gz", docs)], index=index,
+                          config=DecontamConfig(), out_dir=tmp_path / "out")
 
-    kept = list(iter_documents(tmp_path / "out" / "part-00000.jsonl.gz"))
-    removed = list(iter_documents(tmp_path / "out" / "removed.jsonl.gz"))
+    # Named after the input part.
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["part-00007.jsonl.gz", "removed-00007.jsonl.gz"]
+    kept = list(iter_documents(tmp_path / "out" / "part-00007.jsonl.gz"))
+    removed = list(iter_documents(tmp_path / "out" / "removed-00007.jsonl.gz"))
     assert kept == pages[1:]  # byte-for-byte the documents that went in
     assert [d["id"] for d in removed] == ["dirty"] and removed[0]["metadata"]["contaminated_by"] == ["gsm8k_test"]
     assert stats.hits == {"gsm8k_test": 1, "hellaswag_val": 0, "HumanEval": 0}
@@ -69,7 +85,7 @@ def test_cut_removes_just_the_hellaswag_span(tmp_path, index, pages):
     text = f"{item['ctx']} {item['endings'][int(item['label'])]}"
     dirty = planted(pages[2], text, "dirty")
     config = DecontamConfig(action="cut")
-    stats = decontaminate(inputs=[write_part(tmp_path / "in.jsonl.gz", [dirty])], index=index, config=config, out_dir=tmp_path / "out")
+    stats = decontaminate(inputs=[write_part(tmp_path / "part-00000.jsonl.gz", [dirty])], index=index, config=config, out_dir=tmp_path / "out")
 
     (doc,) = iter_documents(tmp_path / "out" / "part-00000.jsonl.gz")
     assert item["ctx"] not in doc["text"]
@@ -146,3 +162,47 @@ def test_runs_of_numbers_are_not_contamination_but_math_problems_are():
     )[1] == {"math_test"}  # without the rule, the primes would count as MATH leakage
     problem = first_record(BENCH / "math_test.jsonl", skip=2)["context"]
     assert checker.find(f"Forum post: can anyone help? {problem} Thanks!")[1] == {"math_test"}
+
+
+def test_outputs_are_named_after_the_input_part():
+    assert output_names("curation/deduplicated/v/web/part-00003.jsonl.gz") == ("part-00003.jsonl.gz", "removed-00003.jsonl.gz")
+    assert output_names("part-00003-00001.jsonl.gz") == ("part-00003-00001.jsonl.gz", "removed-00003-00001.jsonl.gz")
+
+
+def run_scan(store, keys, index_path, out, logs, tasks, workers, config=DecontamConfig()):
+    step = DecontamShards(store=store, keys=keys, index_path=str(index_path), config=config, output_dir=str(out))
+    LocalPipelineExecutor([step], tasks=tasks, workers=workers, logging_dir=str(logs)).run()
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}, logs / "stats.json"
+
+
+def test_the_scan_in_tasks_gives_the_same_bytes_for_1_2_and_4_tasks_and_counts_every_document(tmp_path, index, pages):
+    """Five parts in a store, two with planted items: byte-identical outputs for any task and worker count, and
+    the merged stats account for every document."""
+    store = LocalStore(tmp_path / "store")
+    gsm8k = first_record(BENCH / "gsm8k_test.jsonl", skip=3)
+    hellaswag = first_record(BENCH / "hellaswag_val.jsonl.gz", skip=10)
+    parts = [pages[i * 2:(i + 1) * 2] for i in range(5)]  # the 10 pages
+    parts[1] = parts[1] + [planted(pages[8], f"Homework help: {gsm8k['question']}", "dirty-gsm8k")]
+    parts[3] = [planted(pages[9], f"{hellaswag['ctx']} {hellaswag['endings'][0]}", "dirty-hs")] + parts[3]
+    keys = []
+    for i, docs in enumerate(parts):
+        local = write_part(tmp_path / "parts" / f"part-{i:05d}.jsonl.gz", docs)
+        keys.append(f"dedup/web/part-{i:05d}.jsonl.gz")
+        store.put_file(keys[-1], local)
+    index.save(tmp_path / "index.npz")
+    expected, stats = run_scan(store, keys, tmp_path / "index.npz", tmp_path / "out-1", tmp_path / "logs-1", 1, 1)
+    assert sorted(expected) == [f"part-{i:05d}.jsonl.gz" for i in range(5)] + ["removed-00001.jsonl.gz", "removed-00003.jsonl.gz"]
+    counts = decontam_counts(stats, index.names)
+    assert counts == {"in": 12, "kept": 10, "dropped": {"contaminated": 2}, "cut": 0, "chars_cut": 0,
+                      "hits": {"gsm8k_test": 1, "hellaswag_val": 1, "HumanEval": 0}}
+    assert [d["id"] for d in iter_documents(tmp_path / "out-1" / "removed-00003.jsonl.gz")] == ["dirty-hs"]
+    for tasks, workers in ((2, 1), (4, 2), (4, 1)):
+        files, stats = run_scan(store, keys, tmp_path / "index.npz", tmp_path / f"out-{tasks}-{workers}",
+                                tmp_path / f"logs-{tasks}-{workers}", tasks, workers)
+        assert files == expected, (tasks, workers)
+        assert decontam_counts(stats, index.names) == counts
+    # Cut: the same documents, kept with the span cut out, counted as cut.
+    _, stats = run_scan(store, keys, tmp_path / "index.npz", tmp_path / "out-cut", tmp_path / "logs-cut", 2, 1,
+                        DecontamConfig(action="cut"))
+    cut = decontam_counts(stats, index.names)
+    assert (cut["kept"], cut["cut"], cut["dropped"]) == (12, 2, {}) and cut["chars_cut"] > 100

@@ -15,6 +15,7 @@ from assets.core.factory import Inputs
 from assets.core.upstream import Output
 from assets.core.versioning import code_version
 from assets.recipe import DEMO_RECIPE, Recipe, load_recipe
+from resources.executor import ExecutorResource
 from resources.scratch import ScratchResource
 from storage.local import LocalStore
 from storage.manifest import commit_folder, data_version_of
@@ -35,7 +36,8 @@ def test_demo_spec(monkeypatch):
     assert dict(spec.reads) == {"documents": AssetKey(["curation", "deduplicated"])}
     assert spec.section == {"source": "code", "decontamination": dataclasses.asdict(recipe.decontamination)}
     assert spec.section["decontamination"]["ngram"] == 13 and spec.section["decontamination"]["action"] == "drop"
-    assert spec.code_version == code_version("decontaminated", "v1", spec.section)
+    assert spec.code_version == code_version("decontaminated", "v2", spec.section)
+    assert spec.resources == frozenset({"executor"}) and spec.resumable
     assert [(c.asset_key, c.name, c.blocking) for c in spec.check_specs] == [
         (spec.key, "documents_valid", False), (spec.key, "no_benchmark_ngrams", True)]
     assert spec.failures == (ValueError,)
@@ -80,7 +82,8 @@ def test_prepare_keys_on_its_own_slice_and_build_drops_the_contaminated_document
            f"Leaked: {BENCHMARK} and more words after it."]
     dedup = committed_dedup(store, tmp_path, web, ["def f(): pass"])
     context = SimpleNamespace(log=logging.getLogger("test"),
-                              resources=SimpleNamespace(scratch=ScratchResource(root=str(tmp_path / "work"))))
+                              resources=SimpleNamespace(scratch=ScratchResource(root=str(tmp_path / "work")),
+                                                        executor=ExecutorResource(kind="local", workers=1)))
     inputs = spec.prepare(Inputs(context=context, store=store, outputs={"documents": dedup}))
     own = [f for f in dedup.manifest["files"] if f["path"].startswith("web/")]
     assert inputs.key_upstream == {"curation/deduplicated[web]": data_version_of(own)}
@@ -103,3 +106,6 @@ def test_prepare_keys_on_its_own_slice_and_build_drops_the_contaminated_document
     kept = [json.loads(line)["text"] for part in sorted((work / "out").glob("part-*.jsonl.gz"))
             for line in gzip.decompress(part.read_bytes()).splitlines()]
     assert kept == [web[0]]
+    # Named after the input part; the counts come from the scan's stats, the records from the files.
+    assert fields["files"] == [{"path": "part-00000.jsonl.gz", "records": 1}, {"path": "removed-00000.jsonl.gz", "records": 1}]
+    assert (work / "logs" / "decontaminate" / "stats.json").is_file()
