@@ -338,3 +338,15 @@ def test_a_malformed_record_in_a_plain_warc_ends_it_with_a_damage(tmp_path):
     items = read(tmp_path / "a.warc", page(1) + b"GARBAGE that is no WARC header\r\n\r\n" + page(3))
     assert ids(items) == ["<urn:uuid:1>", "damage:bad_warc_record"]
     assert items[1].detail.endswith("the rest of the file is unread")
+
+
+def test_an_open_file_reads_like_its_path_under_the_name_given(tmp_path):
+    # Remote inputs come as seekable file objects (fsspec); damage and resynchronization work the same on them.
+    data, offsets = members(page(0), page(1), page(2))
+    damaged = data[: offsets[1] + 30] + data[offsets[2]:]  # member 1 cut short, member 2 follows
+    from_path = read(tmp_path / "a.warc.gz", damaged)
+    with open(tmp_path / "a.warc.gz", "rb") as f:
+        from_file = list(read_warc(f, max_payload_bytes=1 << 20, name="a.warc.gz"))
+    assert from_file == from_path
+    assert [type(x).__name__ for x in from_file] == ["WarcEntry", "WarcDamage", "WarcEntry"]
+    assert all(x.origin.startswith("a.warc.gz:") for x in from_file)
