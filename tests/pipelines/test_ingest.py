@@ -161,8 +161,8 @@ def test_japanese_pages_are_decoded_from_their_charset(tmp_path):
 
 @pytest.mark.slow
 def test_web_pages_nearly_all_become_documents_with_extraction(tmp_path):
-    # The demo's real path: HTML -> trafilatura in one task (~50 s on 2 shared cores). Measured: 1,168 documents, 3 pages where
-    # trafilatura finds no main text; datatrove's WarcReader + Trafilatura gives 962.
+    # The demo's real path: HTML -> trafilatura in one task (~50 s on 2 shared cores). Measured: 1,168
+    # documents, 3 pages where trafilatura finds no main text; datatrove's WarcReader + Trafilatura gives 962.
     stats, docs, _ = ingest(tmp_path, [WEB_PAGES], "warc", ReaderConfig(), name="web")
     assert stats.records == 1171 and stats.skipped == {}
     assert stats.documents >= 1150
