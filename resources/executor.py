@@ -9,9 +9,9 @@ One method for every kind, so moving a stage to a cluster changes no asset code:
   forkserver pool, which needs the `if __name__ == "__main__":` guard in any script that ends up here (STACK.md).
 - `ray` runs datatrove's RayPipelineExecutor on the Ray cluster at `ray_address` (None: a one-node cluster
   started in this process), `workers` tasks at once, each reserving `cpus_per_task` CPUs.
-- `slurm` submits datatrove's SlurmPipelineExecutor (an sbatch job array on `slurm_partition`, then the job
-  that merges the stats) and waits for it. Run it from a login node whose filesystem the compute nodes share:
-  logging_dir and the pipeline's input and output folders must be visible from the nodes.
+- `slurm` submits datatrove's SlurmPipelineExecutor (an sbatch job array on `slurm_partition`, without datatrove's
+  stats job: resources/slurm_array.py) and waits for it. Run it from a login node whose filesystem the compute
+  nodes share: logging_dir and the pipeline's input and output folders must be visible from the nodes.
 
 Every kind leaves the same files for the same steps (tests/resources/test_executor.py compares manifests on local
 and Ray), and every kind returns the run's merged stats.json. The stages name their outputs after their input
@@ -194,14 +194,14 @@ class ExecutorResource(ConfigurableResource):
     # -- Slurm -------------------------------------------------------------------------------------------------
     def slurm_executor(self, pipeline: list, *, logging_dir: str | Path, tasks: int):
         """The SlurmPipelineExecutor for this configuration (nothing is submitted until its run())."""
-        from datatrove.executor import SlurmPipelineExecutor
+        from resources.slurm_array import SlurmArrayExecutor
 
         sbatch_args = dict(self.slurm_sbatch_args)
         mem = self.mem_per_cpu_gb
         if not float(mem).is_integer():  # datatrove writes "<int>G": give a fraction in megabytes instead
             sbatch_args.setdefault("mem-per-cpu", f"{math.ceil(mem * 1024)}M")
         logging_dir = Path(logging_dir)
-        return SlurmPipelineExecutor(
+        return SlurmArrayExecutor(
             pipeline,
             tasks=tasks,
             workers=self.workers,
@@ -222,12 +222,10 @@ class ExecutorResource(ConfigurableResource):
     def _run_on_slurm(self, executor, logging_dir: Path) -> None:
         if shutil.which("sbatch") is None:
             raise RuntimeError("executor (slurm): sbatch is not on PATH; run from a Slurm login node, or set kind 'local'")
-        executor.run()  # sbatch: the job array, then a job that merges the stats once the array succeeded
+        executor.run()  # sbatch: the job array (only the incomplete tasks)
         # datatrove returns once submitted; a stage needs the outputs, so wait for the array to leave the queue.
         while _squeue_has(executor.job_id):
             time.sleep(self.slurm_poll_seconds)
-        # run() checks every task's completion marker and merges the stats itself: the job that datatrove adds
-        # to merge them is not waited for.
 
 
 def _squeue_has(job_id) -> bool:

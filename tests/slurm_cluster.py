@@ -72,8 +72,11 @@ def _write_conf(root: Path, host: str, nodes: list[str], munge_socket: Path) -> 
     user = getpass.getuser()
     # slurmd drains a node configured with more CPUs than the host has: the nodes share them.
     cpus = max(1, (os.cpu_count() or 1) // len(nodes))
+    # Memory too (Slurm's default is 1 MB a node, and a job that asks for memory, as datatrove's --mem-per-cpu
+    # does, would be refused); it is not a consumable resource here (CR_Core), only a ceiling.
+    memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20 // len(nodes)
     node_lines = "".join(f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 Port={free_port()} CPUs={cpus} "
-                         "State=UNKNOWN\n" for node in nodes)
+                         f"RealMemory={memory_mb} State=UNKNOWN\n" for node in nodes)
     conf = root / "slurm.conf"
     conf.write_text(f"""\
 ClusterName=pretraintest

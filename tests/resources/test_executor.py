@@ -210,7 +210,7 @@ def test_slurm_without_sbatch_says_where_to_run(tmp_path, monkeypatch):
         resource.run([], logging_dir=tmp_path / "logs", tasks=1)
 
 
-class _RecordRuns(PipelineStep):
+class RecordRuns(PipelineStep):
     """Appends "<rank>" to runs.txt each time a task runs, counts rank + 1 in its stats, and fails the rank named
     by a `fail-<rank>` file once (it removes the file), as a killed task would leave its share undone."""
 
@@ -236,19 +236,19 @@ def test_a_run_killed_half_way_resumes_only_the_unfinished_tasks_and_merges_ever
     (tmp_path / "fail-2").touch()
     logs = tmp_path / "logs"
     with pytest.raises(RuntimeError, match="task 2 killed"):
-        executor.run([_RecordRuns(str(tmp_path))], logging_dir=logs, tasks=4)
+        executor.run([RecordRuns(str(tmp_path))], logging_dir=logs, tasks=4)
     assert (tmp_path / "runs.txt").read_text().split() == ["0", "1", "2"]  # one by one in this process: 3 never ran
-    stats = json.loads(executor.run([_RecordRuns(str(tmp_path))], logging_dir=logs, tasks=4).read_text())
+    stats = json.loads(executor.run([RecordRuns(str(tmp_path))], logging_dir=logs, tasks=4).read_text())
     # Only the two unfinished tasks ran again, and the stats are those of all four (1 + 2 + 3 + 4).
     assert (tmp_path / "runs.txt").read_text().split() == ["0", "1", "2", "2", "3"]
     assert stats[0]["stats"]["weight"]["total"] == 10
     # Done: a third run runs nothing and reports the same stats.
-    again = json.loads(executor.run([_RecordRuns(str(tmp_path))], logging_dir=logs, tasks=4).read_text())
+    again = json.loads(executor.run([RecordRuns(str(tmp_path))], logging_dir=logs, tasks=4).read_text())
     assert (tmp_path / "runs.txt").read_text().split() == ["0", "1", "2", "2", "3"]
     assert again[0]["stats"]["weight"]["total"] == 10
     # Another task count shares the input differently: the folder's markers do not apply and every task runs.
     (tmp_path / "runs.txt").unlink()
-    stats = json.loads(executor.run([_RecordRuns(str(tmp_path))], logging_dir=logs, tasks=2).read_text())
+    stats = json.loads(executor.run([RecordRuns(str(tmp_path))], logging_dir=logs, tasks=2).read_text())
     assert (tmp_path / "runs.txt").read_text().split() == ["0", "1"]
     assert stats[0]["stats"]["weight"]["total"] == 3
 
@@ -260,3 +260,4 @@ def test_the_task_count_is_the_stages_own_unless_the_resource_sets_one():
     assert ExecutorResource.from_env({"PRETRAIN_EXECUTOR_TASKS": "3"}).tasks_for(100) == 3
     with pytest.raises(ValueError, match="executor.tasks: must be >= 1"):
         ExecutorResource.from_env({"PRETRAIN_EXECUTOR_TASKS": "0"})
+
