@@ -15,9 +15,11 @@ from pipelines.tokenize import (
     PackingConfig,
     TokenizerConfig,
     adopt_tokenizer,
+    bottom_sample,
     for_packing,
     is_val,
     pack_documents,
+    sample_key,
     sample_texts,
     special_ids,
     token_dtype,
@@ -103,8 +105,9 @@ def test_adopted_gpt2_keeps_its_eos_gains_a_pad_and_round_trips(corpus):
         adopt_tokenizer(GPT2.parent / "nope.json", TokenizerConfig())
 
 
-def read_split(out: Path, split: str, dtype) -> tuple[np.ndarray, np.ndarray]:
-    return np.fromfile(out / f"{split}.tokens.bin", dtype=dtype), np.fromfile(out / f"{split}.offsets.bin", dtype=np.int64)
+def read_split(out: Path, split: str, dtype, shard: str = "part-00000") -> tuple[np.ndarray, np.ndarray]:
+    return (np.fromfile(out / split / f"{shard}.tokens.bin", dtype=dtype),
+            np.fromfile(out / split / f"{shard}.offsets.bin", dtype=np.int64))
 
 
 def test_decoding_the_packed_stream_gives_back_every_document_and_boundary(tmp_path, corpus, trained):
@@ -137,9 +140,40 @@ def test_packed_bytes_do_not_depend_on_the_batch_size(tmp_path, corpus, trained)
     for batch in (1, 7, 10_000):
         out = tmp_path / str(batch)
         pack_documents(docs, trained, eos_id=0, out_dir=out, config=PackingConfig(val_fraction=0.05, batch_documents=batch))
-        outputs.append({p.name: p.read_bytes() for p in sorted(out.iterdir())})
+        outputs.append({p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()})
     assert outputs[0] == outputs[1] == outputs[2]
-    assert sorted(outputs[0]) == ["train.offsets.bin", "train.tokens.bin", "val.offsets.bin", "val.tokens.bin"]
+    assert sorted(outputs[0]) == ["train/part-00000.offsets.bin", "train/part-00000.tokens.bin",
+                                  "val/part-00000.offsets.bin", "val/part-00000.tokens.bin"]
+
+
+def test_a_shard_is_named_and_a_split_without_documents_writes_nothing(tmp_path, corpus, trained):
+    docs = corpus["math"][:20]
+    stats = pack_documents(docs, trained, eos_id=0, out_dir=tmp_path, config=PackingConfig(val_fraction=0.0),
+                           shard="part-00042")
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()) == [
+        "train/part-00042.offsets.bin", "train/part-00042.tokens.bin"]
+    section = stats.manifest_section()
+    assert section["splits"]["val"] == {"tokens": 0, "documents": 0, "shards": []}
+    [entry] = section["splits"]["train"]["shards"]
+    assert (entry["shard"], entry["documents"], entry["tokens"]) == ("part-00042", 20, stats.splits["train"].tokens)
+    # Packing the shard again (a task run anew) replaces its files with the same bytes.
+    before = (tmp_path / "train" / "part-00042.tokens.bin").read_bytes()
+    pack_documents(docs, trained, eos_id=0, out_dir=tmp_path, config=PackingConfig(val_fraction=0.0), shard="part-00042")
+    assert (tmp_path / "train" / "part-00042.tokens.bin").read_bytes() == before
+
+
+def test_sampling_shards_apart_and_merging_equals_sampling_the_whole(corpus):
+    """bottom_sample of the parts' bottom samples is the whole source's: the tokenizer's sample does not depend
+    on how the source is split into parts or tasks."""
+    docs = corpus["math"] + corpus["code"]
+    keyed = [(sample_key(SMALL, "s", d["id"], f"#{i}"), d["text"]) for i, d in enumerate(docs)]
+    budget = 200_000
+    whole = bottom_sample(keyed, budget)
+    assert 0 < sum(len(t.encode()) for _, t in whole) <= budget and [k for k, _ in whole] == sorted(k for k, _ in whole)
+    for parts in (2, 7):
+        merged = bottom_sample([item for p in range(parts) for item in bottom_sample(keyed[p::parts], budget)], budget)
+        assert merged == whole
+    assert bottom_sample(reversed(keyed), budget) == whole  # nor on the order
 
 
 def test_large_vocabularies_pack_as_uint32(tmp_path, corpus):
