@@ -232,6 +232,7 @@ def pack_documents(
     A shard's files are written under temporary names and renamed when complete, replacing any earlier copy (a
     task that was killed and runs again writes them anew)."""
     out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     dtype = token_dtype(vocab_size)
     if not 0 <= eos_id < vocab_size:

@@ -5,9 +5,11 @@
     batch = data.batch(rank_indices(step * global_batch, global_batch, rank, world_size))
     inputs, targets = batch["tokens"][:, :-1], batch["tokens"][:, 1:]          # (B, T) each
 
-A shard folder is one `tokenization/<source>/packed` output (pipelines/tokenize.py writes it): manifest.json
-plus, per split, a flat token stream with EOS after every document and the document offsets. Sequences are
-cut at load time, so the same shards serve every sequence length.
+A shard folder is one `tokenization/<source>/packed` output (pipelines/pack.py writes it, in the layout of
+pipelines/packed_format.py): manifest.json whose "packing" section is the index, plus, per split, shard files
+(a token stream with EOS after every document, and the document offsets) read as one stream in index order.
+Files are memory-mapped, never read whole; start-up checks sizes and sampled hashes, a few MiB per file.
+Sequences are cut at load time, so the same shards serve every sequence length.
 
 - A source's stream is read as a cycle: window i is tokens [i*T, i*T + T] (T + 1 tokens, so inputs and
   targets overlap by one) taken modulo the stream length. Nothing is truncated: a source smaller than its
@@ -32,6 +34,8 @@ from typing import Sequence
 
 import numpy as np
 
+from pipelines.packed_format import sampled_sha256
+
 BLEND_BLOCK = 1 << 16  # samples in the precomputed blend index; weights are realized exactly to 1/65,536 per block
 MANIFEST = "manifest.json"
 
@@ -43,7 +47,7 @@ class DataConfig:
     seq_len: int
     seed: int = 0
     split: str = "train"  # "train" | "val"
-    verify: bool = True  # check each file's sha256 against the manifest on open
+    verify: bool = True  # check each file's size and sampled sha256 against the packed index on open
     # Long-context stages: only documents at least this many tokens long (0 = all). A source without one is
     # left out of the mixture (listed in MixtureDataset.left_out); a mixture left with none is an error.
     min_doc_tokens: int = 0
@@ -73,7 +77,14 @@ class NoDocuments(ValueError):
 
 
 class PackedSource:
-    """One source's split: the token stream and document offsets, memory-mapped; sequences cut on demand."""
+    """One source's split: its shards' token streams and document offsets, memory-mapped, read as one stream.
+
+    The split is the concatenation of the shards the index lists (pipelines/packed_format.py): document d of
+    the stream and window i are what they would be in one pair of files holding the shards one after another.
+    On open each file is checked against the index by its size and a hash of a few sampled blocks (bounded
+    reads whatever the data's size; the store verified the full sha256 when the file was fetched), never read
+    whole. A long-context filter (min_doc_tokens) keeps the kept documents' positions, not a copy of them.
+    """
 
     def __init__(self, name: str, folder, split: str, verify: bool = True, min_doc_tokens: int = 0):
         self.name = name
@@ -86,28 +97,45 @@ class PackedSource:
         if not section or split not in section.get("splits", {}):
             raise ValueError(f"source {name!r}: {manifest_path} describes no packed split {split!r}")
         info = section["splits"][split]
+        if "shards" not in info:
+            raise ValueError(f"source {name!r}: {manifest_path} is a packed output of an older layout (one file "
+                             "per split, no shard list): materialize its packed asset again")
         self.manifest = manifest
         self.eos_id = int(section["eos_id"])
         self.vocab_size = int(section["vocab_size"])
-        hashes = {entry["path"]: entry.get("sha256") for entry in manifest.get("files", [])}
-        paths = {}
-        for role in ("tokens_file", "offsets_file"):
-            path = self.folder / info[role]
-            if info[role] not in hashes:
-                raise ValueError(f"source {name!r}: {info[role]} is not listed in {manifest_path}")
-            if not path.is_file():
-                raise ValueError(f"source {name!r}: {path} is missing")
-            if verify:
-                actual = _sha256(path)
-                if actual != hashes[info[role]]:
-                    raise ValueError(
-                        f"source {name!r}: {path} has sha256 {actual}, but the manifest records {hashes[info[role]]}"
-                    )
-            paths[role] = path
-        self._tokens = _map(paths["tokens_file"], np.dtype(section["dtype"]))
-        self._offsets = _map(paths["offsets_file"], np.dtype(np.int64))
-        self.tokens = len(self._tokens)
-        self.documents = len(self._offsets) - 1
+        listed = {entry["path"]: entry.get("bytes") for entry in manifest.get("files", [])}
+        dtype = np.dtype(section["dtype"])
+        self._shard_tokens: list[np.ndarray] = []
+        self._shard_offsets: list[np.ndarray] = []
+        for shard in info["shards"]:
+            for role in ("tokens", "offsets"):
+                relative = shard[f"{role}_file"]
+                path = self.folder / relative
+                if relative not in listed:
+                    raise ValueError(f"source {name!r}: {relative} is not listed in {manifest_path}")
+                if not path.is_file():
+                    raise ValueError(f"source {name!r}: {path} is missing")
+                size = path.stat().st_size
+                if size != shard[f"{role}_bytes"]:
+                    raise ValueError(f"source {name!r}: {path} has {size} bytes, the index records {shard[f'{role}_bytes']}")
+                if verify:
+                    actual = sampled_sha256(path)
+                    if actual != shard[f"{role}_sampled_sha256"]:
+                        raise ValueError(f"source {name!r}: {path} has sampled sha256 {actual}, but the index "
+                                         f"records {shard[f'{role}_sampled_sha256']}")
+            tokens, offsets = _map(self.folder / shard["tokens_file"], dtype), _map(self.folder / shard["offsets_file"], np.dtype(np.int64))
+            if len(tokens) != shard["tokens"] or len(offsets) - 1 != shard["documents"]:
+                raise ValueError(f"source {name!r}: {shard['tokens_file']} has {len(tokens)} tokens / "
+                                 f"{len(offsets) - 1} documents on disk, the index says {shard['tokens']} / {shard['documents']}")
+            if len(offsets) < 2 or offsets[0] != 0 or offsets[-1] != len(tokens):
+                raise ValueError(f"source {name!r}: {shard['offsets_file']} does not span its token stream")
+            self._shard_tokens.append(tokens)
+            self._shard_offsets.append(offsets)
+        # Where each shard starts in the split's stream, in tokens and in documents (shards + 1 values each).
+        self._token_starts = np.concatenate([[0], np.cumsum([len(t) for t in self._shard_tokens])]).astype(np.int64)
+        self._doc_starts = np.concatenate([[0], np.cumsum([len(o) - 1 for o in self._shard_offsets])]).astype(np.int64)
+        self.tokens = int(self._token_starts[-1])
+        self.documents = int(self._doc_starts[-1])
         if self.tokens != info["tokens"] or self.documents != info["documents"]:
             raise ValueError(
                 f"source {name!r}: {split} has {self.tokens} tokens / {self.documents} documents on disk, "
@@ -115,46 +143,95 @@ class PackedSource:
             )
         if self.tokens == 0:
             raise NoDocuments(f"source {name!r}: the {split} split of {self.folder} has no tokens")
-        if self._offsets[0] != 0 or self._offsets[-1] != self.tokens:
-            raise ValueError(f"source {name!r}: {paths['offsets_file']} does not span the token stream")
+        # Long-context filter: the kept documents' starts in the stream, and their offsets in the filtered stream.
+        self._kept_starts: np.ndarray | None = None
+        self._kept_offsets: np.ndarray | None = None
         if min_doc_tokens > 0:
             self._keep_long_documents(min_doc_tokens, split)
 
     def _keep_long_documents(self, min_tokens: int, split: str) -> None:
-        # The long documents gathered into memory (in stream order): what a long-context stage reads is a
-        # small share of a corpus. A corpus-scale version would index the kept spans instead of copying them.
-        lengths = np.diff(self._offsets)
-        keep = np.flatnonzero(lengths >= min_tokens)
-        if len(keep) == 0:
+        # Shard by shard from the mapped offsets: memory holds one shard's lengths and the kept documents' positions
+        # (two int64 per kept document), never their tokens.
+        starts, lengths, longest = [], [], 0
+        for j, offsets in enumerate(self._shard_offsets):
+            shard_lengths = np.diff(offsets)
+            longest = max(longest, int(shard_lengths.max()))
+            keep = np.flatnonzero(shard_lengths >= min_tokens)
+            starts.append(self._token_starts[j] + offsets[keep])
+            lengths.append(shard_lengths[keep])
+        lengths = np.concatenate(lengths).astype(np.int64)
+        if len(lengths) == 0:
             raise NoDocuments(f"source {self.name!r}: no document of the {split} split has {min_tokens} tokens or "
-                              f"more (the longest has {int(lengths.max())})")
-        self._tokens = np.concatenate([np.asarray(self._tokens[self._offsets[d]:self._offsets[d + 1]]) for d in keep])
-        self._offsets = np.concatenate([[0], np.cumsum(lengths[keep])]).astype(np.int64)
-        self.tokens, self.documents = len(self._tokens), len(keep)
+                              f"more (the longest has {longest})")
+        self._kept_starts = np.concatenate(starts).astype(np.int64)
+        self._kept_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        self.tokens, self.documents = int(self._kept_offsets[-1]), len(lengths)
 
     def windows(self, seq_len: int) -> int:
         """Windows in one pass over the stream (the last one wraps into the start)."""
         return -(-self.tokens // seq_len)
 
+    def document_lengths(self) -> np.ndarray:
+        """(documents,) int64: the length of every document of the stream (the filtered one, if filtered), EOS included."""
+        if self._kept_offsets is not None:
+            return np.diff(self._kept_offsets)
+        return np.concatenate([np.diff(o) for o in self._shard_offsets]).astype(np.int64)
+
     def document(self, d: int) -> np.ndarray:
         """Document d's tokens, its EOS last."""
-        return np.asarray(self._tokens[self._offsets[d] : self._offsets[d + 1]])
+        if self._kept_offsets is not None:
+            start = int(self._kept_starts[d])
+            return self._gather(np.arange(start, start + int(self._kept_offsets[d + 1] - self._kept_offsets[d])))
+        j = int(np.searchsorted(self._doc_starts, d, side="right")) - 1
+        offsets = self._shard_offsets[j]
+        local = d - int(self._doc_starts[j])
+        return np.asarray(self._shard_tokens[j][offsets[local] : offsets[local + 1]])
 
     def sequence(self, i: int, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(tokens, doc_ids, positions) of window i, each (seq_len + 1,) int64: inputs [:-1], targets [1:]."""
         start = i * seq_len
         local = start % self.tokens
-        if local + seq_len + 1 <= self.tokens:  # the common case: one slice, no wrap
-            tokens = np.asarray(self._tokens[local : local + seq_len + 1], dtype=np.int64)
-            where = np.arange(local, local + seq_len + 1)
+        if local + seq_len + 1 <= self.tokens:  # the common case: no wrap
+            where = np.arange(local, local + seq_len + 1, dtype=np.int64)
             epoch = np.full(seq_len + 1, start // self.tokens, dtype=np.int64)
         else:
-            absolute = start + np.arange(seq_len + 1)
-            epoch, where = np.divmod(absolute, self.tokens)
-            tokens = np.asarray(self._tokens[where], dtype=np.int64)
-        doc = np.searchsorted(self._offsets, where, side="right") - 1  # (T+1,)
-        positions = where - self._offsets[doc]
+            epoch, where = np.divmod(start + np.arange(seq_len + 1, dtype=np.int64), self.tokens)
+        if self._kept_offsets is not None:
+            doc = np.searchsorted(self._kept_offsets, where, side="right") - 1  # (T+1,)
+            positions = where - self._kept_offsets[doc]
+            tokens = self._gather(self._kept_starts[doc] + positions)
+        else:
+            tokens = self._gather(where)
+            doc, positions = self._locate(where)
         return tokens, epoch * self.documents + doc, positions.astype(np.int64)
+
+    def _gather(self, where: np.ndarray) -> np.ndarray:
+        """The tokens at stream positions `where` (int64), read from the shards' maps."""
+        first = int(np.searchsorted(self._token_starts, where[0], side="right")) - 1
+        base = int(self._token_starts[first])
+        lo, hi = int(where[0]) - base, int(where[-1]) - base
+        if len(where) and hi == lo + len(where) - 1 and hi < len(self._shard_tokens[first]):
+            return np.asarray(self._shard_tokens[first][lo : hi + 1], dtype=np.int64)  # one slice of one shard
+        shard = np.searchsorted(self._token_starts, where, side="right") - 1
+        out = np.empty(len(where), dtype=np.int64)
+        for j in np.unique(shard).tolist():
+            mask = shard == j
+            out[mask] = self._shard_tokens[j][where[mask] - self._token_starts[j]]
+        return out
+
+    def _locate(self, where: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(document of the stream, position in it) of each stream position."""
+        shard = np.searchsorted(self._token_starts, where, side="right") - 1
+        doc = np.empty(len(where), dtype=np.int64)
+        positions = np.empty(len(where), dtype=np.int64)
+        for j in np.unique(shard).tolist():
+            mask = shard == j
+            local = where[mask] - self._token_starts[j]
+            offsets = self._shard_offsets[j]
+            d = np.searchsorted(offsets, local, side="right") - 1
+            doc[mask] = d + self._doc_starts[j]
+            positions[mask] = local - offsets[d]
+        return doc, positions
 
 
 class MixtureDataset:
@@ -284,14 +361,6 @@ def _map(path: Path, dtype: np.dtype) -> np.ndarray:
     if path.stat().st_size == 0:  # np.memmap refuses empty files
         return np.zeros(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _stable_int(name: str) -> int:

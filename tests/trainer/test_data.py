@@ -1,7 +1,10 @@
-"""The packed-shard reader and the mixture sampler, on real packed documents (math, books, code)."""
+"""The packed-shard reader and the mixture sampler, on real packed documents (math, books, code), each source
+packed in several shards (as the packing tasks write them) and read as one stream: the same sequences as the
+same documents packed in one shard; start-up reads a few sampled blocks per file, not the data."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tarfile
 from pathlib import Path
@@ -9,10 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import pipelines.packed_format as packed_format
+from pipelines.packed_format import build_index, shard_files, write_index
 from pipelines.tokenize import PackingConfig, TokenizerConfig, adopt_tokenizer, pack_documents
 from storage.manifest import commit_folder
 from storage.objects import open_store
-from trainer.data import BLEND_BLOCK, DataConfig, MixtureDataset, PackedSource, blend_index, rank_indices
+from trainer.data import BLEND_BLOCK, DataConfig, MixtureDataset, NoDocuments, PackedSource, blend_index, rank_indices
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 EOS = 50256
@@ -31,19 +36,41 @@ def real_documents() -> dict[str, list[dict]]:
     }
 
 
+PARTS = 3  # shards per source in the `shards` fixture
+
+
+def pack_source(store, root, name: str, docs: list[dict], parts: int) -> str:
+    """The documents packed in `parts` shards (in order) and indexed, committed as the packed asset does."""
+    tokenizer = adopt_tokenizer(DATA / "tokenizers" / "gpt2" / "tokenizer.json", TokenizerConfig())
+    work = root / "work" / f"{name}-{parts}"
+    size = -(-len(docs) // parts)
+    names = [f"part-{i:05d}" for i in range(parts)]
+    for i, shard in enumerate(names):
+        pack_documents(docs[i * size:(i + 1) * size], tokenizer, eos_id=EOS, out_dir=work,
+                       config=PackingConfig(val_fraction=0.05), shard=shard)
+    index = build_index(work, names, dtype="uint16", eos_id=EOS, vocab_size=tokenizer.get_vocab_size(with_added_tokens=True))
+    write_index(work, index)
+    commit_folder(store, f"{name}-{parts}", work, {"asset": f"tokenization/{name}/packed", "packing": index})
+    return str(root / "store" / f"{name}-{parts}")
+
+
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> dict[str, str]:
-    """One committed packed output per source (manifest.json with file hashes), as the packed asset writes it."""
+def packed(tmp_path_factory) -> dict[int, dict[str, str]]:
+    """{shards per source: {source: committed packed folder}}: the same documents in 1 and in PARTS shards."""
     root = tmp_path_factory.mktemp("packed")
     store = open_store(root / "store")
-    tokenizer = adopt_tokenizer(DATA / "tokenizers" / "gpt2" / "tokenizer.json", TokenizerConfig())
-    folders = {}
-    for name, docs in real_documents().items():
-        work = root / "work" / name
-        stats = pack_documents(docs, tokenizer, eos_id=EOS, out_dir=work, config=PackingConfig(val_fraction=0.05))
-        commit_folder(store, name, work, {"asset": f"tokenization/{name}/packed", "packing": stats.manifest_section()})
-        folders[name] = str(root / "store" / name)
-    return folders
+    docs = real_documents()
+    return {parts: {name: pack_source(store, root, name, source_docs, parts) for name, source_docs in docs.items()}
+            for parts in (1, PARTS)}
+
+
+@pytest.fixture(scope="module")
+def shards(packed) -> dict[str, str]:
+    return packed[PARTS]
+
+
+def stream_of(source: PackedSource) -> np.ndarray:
+    return np.concatenate([np.asarray(t, dtype=np.int64) for t in source._shard_tokens])
 
 
 def config(shards, **overrides) -> DataConfig:
@@ -54,7 +81,8 @@ def config(shards, **overrides) -> DataConfig:
 @pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_windows_of_two_lengths_cover_the_same_tokens(shards):
     source = PackedSource("books", shards["books"], "train")
-    stream = np.asarray(source._tokens, dtype=np.int64)
+    assert len(source._shard_tokens) == PARTS
+    stream = stream_of(source)
     covered = {}
     for seq_len in (64, 100):
         count = source.windows(seq_len) + 5  # one whole pass and into the next: the stream repeats
@@ -69,7 +97,7 @@ def test_windows_of_two_lengths_cover_the_same_tokens(shards):
 
 def test_document_ids_and_positions_follow_the_offsets_across_the_wrap(shards):
     source = PackedSource("math", shards["math"], "train")
-    offsets = np.asarray(source._offsets)
+    offsets = np.concatenate([[0], np.cumsum(source.document_lengths())])
     seq_len = 256
     last = source.windows(seq_len) - 1  # wraps from the end of the stream into its start
     for i in (0, 7, last, last + 3):
@@ -178,18 +206,22 @@ def test_bad_input_is_refused_naming_the_source(shards, tmp_path):
         MixtureDataset(config({**shards, "empty": str(tmp_path / "store" / "empty")},
                               weights={"math": 1.0, "books": 1.0, "code": 1.0, "empty": 0.5}))
 
-    # A shard whose bytes no longer match its manifest.
+    # A shard whose bytes no longer match its index (a small file: its sampled hash covers all of it).
     import shutil
 
     damaged = tmp_path / "damaged"
     shutil.copytree(shards["code"], damaged)
-    tokens_file = damaged / "train.tokens.bin"
+    tokens_file = damaged / "train" / "part-00001.tokens.bin"
     blob = bytearray(tokens_file.read_bytes())
     blob[100] ^= 0xFF
     tokens_file.write_bytes(bytes(blob))
     with pytest.raises(ValueError, match="source 'code'.*sha256"):
         MixtureDataset(config({**shards, "code": str(damaged)}))
     MixtureDataset(config({**shards, "code": str(damaged)}, verify=False))  # opt-out reads it as it is
+    with open(tokens_file, "ab") as f:  # a size the index does not record: refused even without the hash
+        f.write(b"\0\0")
+    with pytest.raises(ValueError, match="source 'code'.*part-00001.tokens.bin has .* bytes"):
+        MixtureDataset(config({**shards, "code": str(damaged)}, verify=False))
 
 
 @pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
@@ -223,13 +255,13 @@ def test_the_trainer_learns_from_packed_shards_and_reports_each_domain(shards, t
 
 def test_a_long_context_stage_reads_only_long_documents(shards):
     """min_doc_tokens: windows come from documents at least that long; a source without one is left out."""
-    lengths = {name: np.diff(PackedSource(name, folder, "train")._offsets) for name, folder in shards.items()}
+    lengths = {name: PackedSource(name, folder, "train").document_lengths() for name, folder in shards.items()}
     threshold = int(np.percentile(lengths["code"], 90))
     assert lengths["math"].max() < threshold  # GSM8K problems are short: math has none that long
     data = MixtureDataset(config(shards, seq_len=256, min_doc_tokens=threshold))
     assert (data.left_out, data.names) == (["books", "math"], ["code"])  # short problems, short speeches
     for name, source in zip(data.names, data.sources):
-        kept = np.diff(source._offsets)
+        kept = source.document_lengths()
         assert (kept >= threshold).all() and len(kept) == int((lengths[name] >= threshold).sum())
         assert source.document(0).tolist() == PackedSource(name, shards[name], "train").document(
             int(np.flatnonzero(lengths[name] >= threshold)[0])).tolist()
@@ -237,3 +269,74 @@ def test_a_long_context_stage_reads_only_long_documents(shards):
     assert set(batch["sources"]) <= set(data.names)
     with pytest.raises(ValueError, match="min_doc_tokens"):
         MixtureDataset(config(shards, weights={"math": 1.0, "books": 0.0, "code": 0.0}, min_doc_tokens=threshold))
+
+
+def test_several_shards_read_as_the_same_sequences_as_one(packed):
+    """A source packed in PARTS shards yields exactly the windows, document ids and positions of the same documents
+    packed in one: the sequences do not depend on how the packing was split."""
+    for split, seq_len in (("train", 128), ("val", 64)):
+        one = MixtureDataset(config(packed[1], split=split, seq_len=seq_len))
+        many = MixtureDataset(config(packed[PARTS], split=split, seq_len=seq_len))
+        assert [s.tokens for s in one.sources] == [s.tokens for s in many.sources]
+        indices = list(range(0, 300)) + list(range(BLEND_BLOCK - 50, BLEND_BLOCK + 50))
+        assert_batches_equal(many.batch(indices), one.batch(indices))
+    for name in packed[1]:
+        a, b = PackedSource(name, packed[1][name], "train"), PackedSource(name, packed[PARTS][name], "train")
+        for d in (0, a.documents // 2, a.documents - 1):
+            assert np.array_equal(a.document(d), b.document(d))
+        # Every window of a pass, including those across a shard boundary and the wrap.
+        for i in range(a.windows(200) + 2):
+            for x, y in zip(a.sequence(i, 200), b.sequence(i, 200)):
+                assert np.array_equal(x, y), (name, i)
+    long_one = MixtureDataset(config(packed[1], seq_len=256, min_doc_tokens=300))
+    long_many = MixtureDataset(config(packed[PARTS], seq_len=256, min_doc_tokens=300))
+    assert long_one.names == long_many.names
+    assert_batches_equal(long_many.batch(list(range(200))), long_one.batch(list(range(200))))
+
+
+def big_source(root, tokens: int) -> str:
+    """A synthetic packed output with one train shard of `tokens` tokens (documents of 1,000 tokens)."""
+    work = root / "work"
+    tokens_file, offsets_file = shard_files("train", "part-00000")
+    (work / "train").mkdir(parents=True)
+    stream = (np.arange(tokens) % 1000).astype(np.uint16)
+    stream[999::1000] = EOS
+    stream.tofile(work / tokens_file)
+    np.arange(0, tokens + 1, 1000, dtype=np.int64).tofile(work / offsets_file)
+    index = build_index(work, ["part-00000"], dtype="uint16", eos_id=EOS, vocab_size=50258)
+    commit_folder(open_store(root / "store"), "big", work, {"packing": index})
+    return str(root / "store" / "big")
+
+
+def test_start_up_hashes_a_bounded_amount_whatever_the_shard_size(tmp_path, monkeypatch):
+    """The check at open reads a few sampled blocks per file (3 MiB at most), not the 16 MB of tokens; a changed
+    byte outside those blocks is the store's to catch (it verifies the full sha256 when it fetches a file)."""
+    folder = big_source(tmp_path, 8_000_000)  # 16 MB of uint16 tokens, 64 KB of offsets
+    hashed = []
+    real_sha256 = hashlib.sha256
+
+    class CountingSha256:
+        def __init__(self, data=b""):
+            self.inner = real_sha256(data)
+
+        def update(self, data):
+            hashed.append(len(data))
+            self.inner.update(data)
+
+        def hexdigest(self):
+            return self.inner.hexdigest()
+
+    monkeypatch.setattr(packed_format.hashlib, "sha256", CountingSha256)
+    source = PackedSource("big", folder, "train")
+    monkeypatch.undo()
+    tokens_bytes = (Path(folder) / "train" / "part-00000.tokens.bin").stat().st_size
+    assert tokens_bytes == 16_000_000 and sum(hashed) <= 3 * packed_format.SAMPLE_BLOCK_BYTES + 64_008 + 100
+    assert source.tokens == 8_000_000 and source.documents == 8_000
+    # The long-context filter over the mapped shard: the kept documents' positions, the tokens read in place.
+    long = PackedSource("big", folder, "train", min_doc_tokens=1000)
+    assert long.documents == source.documents and isinstance(long._shard_tokens[0], np.memmap)
+    assert long._kept_starts.nbytes + long._kept_offsets.nbytes < 20 * long.documents  # two int64 per document
+    tokens, doc_ids, positions = long.sequence(3, 700)
+    assert np.array_equal(tokens, np.asarray(source.sequence(3, 700)[0])) and positions[0] == 2100 % 1000
+    with pytest.raises(NoDocuments, match=r"no document of the train split has 1001 tokens or more \(the longest has 1000\)"):
+        PackedSource("big", folder, "train", min_doc_tokens=1001)
