@@ -7,6 +7,7 @@ page reappears with small edits, one appears twice, and one carries a real GSM8K
 import gzip
 import json
 import random
+import re
 
 import orjson
 import pytest
@@ -63,6 +64,12 @@ def read_docs(store, prefix, path) -> list[dict]:
     return [orjson.loads(line) for line in gzip.decompress(store.get_bytes(f"{prefix}/{path}")).splitlines() if line]
 
 
+def read_all(store, prefix, path_prefix) -> list[dict]:
+    """The documents of every file of the output whose path starts with `path_prefix`, in manifest order."""
+    manifest = json.loads(store.get_bytes(f"{prefix}/manifest.json"))
+    return [doc for f in manifest["files"] if f["path"].startswith(path_prefix) for doc in read_docs(store, prefix, f["path"])]
+
+
 def status(capsys) -> dict[str, str]:
     capsys.readouterr()
     assert main(["status"]) == 0
@@ -92,12 +99,13 @@ def test_dedup_and_decontamination_assets_end_to_end(tmp_path, monkeypatch, caps
     dedup = metadata("curation/deduplicated")
     assert dedup["removed_by_reason"] == {"exact_duplicate": 1, "near_duplicate": 1}
     assert dedup["removed"] == 2 and dedup["cluster_size_histogram"] == {"2": 2}
+    assert dedup["cluster_bytes_per_document"] > 0  # measured in the clusters phase
     per_source = dedup["per_source_counts"]
     assert per_source["c4"]["removed"] == 0 and per_source["c4"]["kept"] == per_source["c4"]["in"] > 0
     assert per_source["mirror"]["removed"] == 2 and per_source["mirror"]["kept"] == per_source["mirror"]["in"] - 2
 
     store = build_resources()["store"].open()
-    removed = read_docs(store, dedup["prefix"], "mirror/removed.jsonl.gz")
+    removed = read_all(store, dedup["prefix"], "mirror/removed-")
     near = next(d for d in removed if d["id"] == "near_copy")
     assert near["metadata"]["dup_cluster"] == f"c4/{facts['near_copy_of']}"  # across sources, the c4 page stays
     assert {d["id"] for d in removed} == {"near_copy", "m005-copy"}
@@ -106,10 +114,10 @@ def test_dedup_and_decontamination_assets_end_to_end(tmp_path, monkeypatch, caps
     dirty = metadata("curation/mirror/decontaminated")
     assert clean["dropped"] == 0 and clean["documents"] == per_source["c4"]["kept"]
     assert dirty["dropped"] == 1 and dirty["hits_per_benchmark"] == {"gsm8k_test": 1, "HumanEval": 0}
-    assert [d["id"] for d in read_docs(store, dirty["prefix"], "removed.jsonl.gz")] == ["contaminated"]
+    assert [d["id"] for d in read_all(store, dirty["prefix"], "removed")] == ["contaminated"]
     # Clean documents pass both stages unchanged (dedup adds cluster ids only to cluster members).
-    deduped_c4 = read_docs(store, dedup["prefix"], "c4/part-00000.jsonl.gz")
-    assert read_docs(store, clean["prefix"], "part-00000.jsonl.gz") == deduped_c4
+    deduped_c4 = read_all(store, dedup["prefix"], "c4/part-")
+    assert read_all(store, clean["prefix"], "part-") == deduped_c4
 
     # The CLI reads the per-source stage by name.
     capsys.readouterr()
@@ -135,7 +143,8 @@ def test_dedup_and_decontamination_assets_end_to_end(tmp_path, monkeypatch, caps
 
 @pytest.mark.slow  # materializes assets through the CLI
 def test_the_stages_write_nested_source_parts_to_s3(tmp_path, monkeypatch, capsys, s3, shared_data):
-    """deduplicated keeps one folder per source (`c4/part-00000.jsonl.gz`); the same code on the S3 backend."""
+    """deduplicated keeps one folder per source (`c4/part-<shard>.jsonl.gz`), its tasks streaming their shards
+    from S3; the same code on the S3 backend."""
     mirror = tmp_path / "mirror.jsonl"
     make_mirror(mirror, shared_data)
     recipe = tmp_path / "recipe.yaml"
@@ -147,7 +156,63 @@ def test_the_stages_write_nested_source_parts_to_s3(tmp_path, monkeypatch, capsy
     dedup = metadata("curation/deduplicated")
     keys = {obj["Key"] for obj in s3.client().list_objects_v2(Bucket=s3.bucket)["Contents"]}
     prefix = f"factory/{dedup['prefix']}"
-    assert {f"{prefix}/c4/part-00000.jsonl.gz", f"{prefix}/mirror/removed.jsonl.gz", f"{prefix}/manifest.json"} <= keys
+    assert f"{prefix}/manifest.json" in keys
+    assert {key.rsplit("/", 2)[-2] + "/" + key.rsplit("/", 1)[-1].split("-")[0] for key in keys
+            if key.startswith(prefix + "/") and key.endswith(".jsonl.gz")} == {"c4/part", "mirror/part", "mirror/removed"}
     capsys.readouterr()
     assert main(["docs", "decontaminated", "--source", "c4", "--limit", "1"]) == 0
     assert json.loads(capsys.readouterr().out)["metadata"]["source"] == "c4"
+
+
+@pytest.mark.slow  # materializes raw_crawl and filtered of two sources, then deduplicated twice
+def test_a_killed_dedup_materialized_again_runs_only_the_unfinished_tasks(tmp_path, monkeypatch, capfd, shared_data):
+    from pipelines.dedup_clusters import DedupRemoval
+    from pipelines.dedup_stage import LocalRunner, deduplicate
+    from pipelines.dedup_steps import Shard
+
+    mirror = tmp_path / "mirror.jsonl"
+    make_mirror(mirror, shared_data)
+    recipe = tmp_path / "recipe.yaml"
+    write_recipe(recipe, mirror)
+    monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
+    monkeypatch.setenv("PRETRAIN_EXECUTOR_TASKS", "4")
+    upstream = [k for k in decontaminated_and_upstream(recipe) if k.split("/")[-1] in ("raw_crawl", "filtered")]
+    assert main(["materialize", "--jobs", "1", "--select", ",".join(upstream)]) == 0
+
+    # Removal task 2 dies the first time, after tasks 0 and 1 completed (one local worker runs them in order).
+    marker, real_unit = tmp_path / "killed.marker", DedupRemoval._unit
+
+    def dying(self, unit):
+        if unit == 2 and not marker.exists():
+            marker.touch()
+            raise RuntimeError("removal task killed")
+        return real_unit(self, unit)
+
+    monkeypatch.setattr(DedupRemoval, "_unit", dying)
+    assert main(["materialize", "--jobs", "1", "--select", "curation/deduplicated"]) != 0
+    capfd.readouterr()
+    assert main(["materialize", "--jobs", "1", "--select", "curation/deduplicated"]) == 0
+    err = capfd.readouterr().err
+    # The executor skipped every completed task: the first three phases whole, two of the four removal tasks.
+    for phase in ("signatures", "buckets", "clusters"):
+        assert re.search(rf"(\d+) of \1 tasks already completed in \S+/logs/{phase}\b", err), phase
+    assert re.search(r"2 of 4 tasks already completed in \S+/logs/removal; running the other 2", err)
+
+    # The committed output is what one uninterrupted run writes.
+    dedup = metadata("curation/deduplicated")
+    store = build_resources()["store"].open()
+    manifest = json.loads(store.get_bytes(f"{dedup['prefix']}/manifest.json"))
+    sources = []
+    for name in ("c4", "mirror"):
+        filtered = json.loads(store.get_bytes(f"{metadata(f'curation/{name}/filtered')['prefix']}/manifest.json"))
+        prefix = metadata(f"curation/{name}/filtered")["prefix"]
+        sources.append((name, [Shard(name, f"{prefix}/{f['path']}", store) for f in filtered["files"]
+                               if f["path"].startswith("part-")]))
+    stats = deduplicate(sources=sources, config=load_recipe(recipe).dedup, work_dir=tmp_path / "again",
+                        out_dir=tmp_path / "again" / "out", executor=LocalRunner(workers=1, tasks=1))
+    again = {p.relative_to(tmp_path / "again" / "out").as_posix(): p.read_bytes()
+             for p in sorted((tmp_path / "again" / "out").rglob("*.jsonl.gz"))}
+    assert {f["path"] for f in manifest["files"]} == set(again)
+    for f in manifest["files"]:
+        assert store.get_bytes(f"{dedup['prefix']}/{f['path']}") == again[f["path"]], f["path"]
+    assert manifest["counts"]["kept"] == sum(stats.kept.values()) and manifest["counts"]["dropped"] == stats.removed
