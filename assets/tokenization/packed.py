@@ -1,9 +1,12 @@
-"""`tokenization/<source>/packed`: the source's documents encoded with the tokenizer, EOS after each, as flat
-train / val token streams with document offsets (pipelines/tokenize.py). The manifest's "packing" section is
-what trainer/data.py opens, and its "counts" give tokens and documents per split.
+"""`tokenization/<source>/packed`: the source's documents encoded with the tokenizer, EOS after each, as train / val
+token streams with document offsets, one shard per input part (pipelines/pack.py, layout in
+pipelines/packed_format.py), packed by the executor resource's tasks, then indexed by one small task. The
+manifest's "packing" section is that index (what trainer/data.py opens), and its "counts" give tokens and
+documents per split, from the packing tasks' stats.
 """
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Callable
 
@@ -14,11 +17,12 @@ from assets.core.factory import Inputs, OutputSpec, output_asset
 from assets.core.upstream import Output
 from assets.plots import bar_chart
 from assets.recipe import Recipe
-from assets.tokenization.tokenizer import TOKENIZER_FILE, documents, tokenizer_key
-from pipelines.tokenize import pack_documents
+from assets.tokenization.tokenizer import TOKENIZER_FILE, tokenizer_key
+from pipelines.pack import PackIndex, PackShards, shard_name, split_counts, step_stats
+from pipelines.packed_format import INDEX_FILE
 
 # Bump when the code changes what it writes for the same settings.
-PACKED_IMPLEMENTATION = "v1"
+PACKED_IMPLEMENTATION = "v2"  # v2: one shard per input part and index.json (issue 17)
 # Settings that change how the work is done but never its output (packing is batch-size independent).
 PACKING_FIELDS_NOT_VERSIONED = ("batch_documents", "batch_bytes")
 
@@ -41,15 +45,26 @@ def packed_asset(recipe: Recipe, source_name: str, upstream_key: Callable[[str],
         tokenizer = inputs.outputs["tokenizer"]
         info = tokenizer.manifest["tokenizer"]
         [tokenizer_file] = tokenizer.download(inputs.store, inputs.work / "tokenizer", TOKENIZER_FILE)
-        built = Tokenizer.from_file(str(tokenizer_file))
-        parts = inputs.outputs["documents"].download(inputs.store, inputs.work / "in")
-        inputs.log.info(f"packing {len(parts)} part(s) of {source_name} in {inputs.work}")
+        vocab_size = Tokenizer.from_file(str(tokenizer_file)).get_vocab_size(with_added_tokens=True)
+        keys = inputs.outputs["documents"].files()  # read from the store by the tasks, part by part
+        executor = inputs.resources.executor
+        tasks = executor.tasks_for(len(keys))
+        inputs.log.info(f"packing {len(keys)} part(s) of {source_name} in {tasks} task(s)")
+        pack = PackShards(store=inputs.store, keys=keys, tokenizer_file=str(tokenizer_file), eos_id=info["eos_id"],
+                          config=recipe.packing, output_dir=str(out_dir))
         try:
-            stats = pack_documents(documents(parts), built, eos_id=info["eos_id"], out_dir=out_dir, config=recipe.packing)
+            stats_path = executor.run([pack], logging_dir=inputs.work / "logs" / "pack", tasks=tasks)
         except ValueError as exc:
             raise ValueError(f"source {source_name!r}: {exc}") from exc
+        index_step = PackIndex(output_dir=str(out_dir), shards=[shard_name(k) for k in keys], vocab_size=vocab_size,
+                               eos_id=info["eos_id"])
+        executor.run([index_step], logging_dir=inputs.work / "logs" / "index", tasks=1)
+        index = json.loads((out_dir / INDEX_FILE).read_text())
+        counts = split_counts(step_stats(stats_path, PackShards.name))
+        for split, split_info in index["splits"].items():  # every document the tasks counted is in the index
+            assert counts[split] == {"tokens": split_info["tokens"], "documents": split_info["documents"]}, (split, counts)
         return {"tokenizer": {"sha256": info["sha256"], "vocab_size": info["vocab_size"]},
-                "packing": stats.manifest_section(), "counts": stats.counts()}
+                "packing": index, "counts": counts}
 
     def metadata(inputs: Inputs, output: Output) -> dict:
         counts = output.manifest["counts"]
@@ -67,12 +82,13 @@ def packed_asset(recipe: Recipe, source_name: str, upstream_key: Callable[[str],
         key=packed_key(source_name), group="tokenization", stage="packed", implementation=PACKED_IMPLEMENTATION,
         section=packed_section(recipe, source_name),
         description=(
-            f"Source `{source_name}` tokenized: flat train/val token streams (EOS after every document) and "
-            f"document offsets, {recipe.packing.val_fraction:.1%} of documents held out by a hash of their id. "
+            f"Source `{source_name}` tokenized: train/val token streams (EOS after every document) and document "
+            f"offsets, one shard per input part with an index, {recipe.packing.val_fraction:.1%} of documents held out by a hash of their id. "
             f"Reads {documents_key.to_user_string()}; driven by the recipe's `packing` section."
         ),
         reads={"tokenizer": tokenizer_key(), "documents": documents_key}, build=build, metadata=metadata,
         failures=(ValueError,),  # documents the packer refuses (named by source)
+        resources=frozenset({"executor"}), resumable=True,
     ))
 
 

@@ -1,12 +1,17 @@
 """`tokenization/tokenizer`: a byte-level BPE trained on a deterministic sample of every source's documents, or
 the tokenizer.json the recipe names (`tokenizer.path`), with EOS and PAD. Output: tokenizer.json; the manifest
 records its sha256, the special tokens and their ids.
+
+The sample is drawn by the executor resource's tasks, each streaming its share of the sources' committed parts
+from the store and keeping each part's bottom sample (pipelines/pack.py SampleShards); the parts' samples are
+merged into the sample one pass over each whole source would draw (bounded by `sample_bytes`), so neither the
+task count nor the parts' split changes the tokenizer.
 """
 
 import dataclasses
 import hashlib
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from dagster import AssetKey
 
@@ -14,11 +19,11 @@ from assets.core.factory import Inputs, OutputSpec, output_asset
 from assets.core.upstream import Output
 from assets.core.versioning import file_fingerprints
 from assets.recipe import Recipe
-from pipelines.shards import iter_documents
-from pipelines.tokenize import adopt_tokenizer, round_trip_failures, sample_texts, special_ids, train_tokenizer
+from pipelines.pack import SampleShards, merged_sample, step_stats
+from pipelines.tokenize import adopt_tokenizer, round_trip_failures, special_ids, train_tokenizer
 
 # Bump when the code changes what it writes for the same settings.
-TOKENIZER_IMPLEMENTATION = "v1"
+TOKENIZER_IMPLEMENTATION = "v2"  # v2: sampled by document id per part, in tasks (issue 17)
 TOKENIZER_FILE = "tokenizer.json"
 ROUND_TRIP_CHECKED = 1000  # sampled documents a trained tokenizer must encode and decode back exactly
 
@@ -61,8 +66,15 @@ def tokenizer_asset(recipe: Recipe, upstream_key: Callable[[str], AssetKey]):
             built = adopt_tokenizer(adopt, config)
             sampled = checked = 0
         else:
-            parts = {name: out.download(inputs.store, inputs.work / "in" / name) for name, out in inputs.outputs.items()}
-            texts = sample_texts({name: documents(paths) for name, paths in parts.items()}, config)
+            sources = {name: out.files() for name, out in inputs.outputs.items()}
+            executor = inputs.resources.executor
+            sample_dir = inputs.work / "sample"
+            step = SampleShards(store=inputs.store, sources=sources, config=config, output_dir=str(sample_dir))
+            stats_path = executor.run([step], logging_dir=inputs.work / "logs" / "sample",
+                                      tasks=executor.tasks_for(sum(map(len, sources.values()))))
+            texts = merged_sample(sample_dir, sources, config)
+            inputs.log.info(f"sampled {step_stats(stats_path, SampleShards.name).get('sampled_documents', 0)} "
+                            f"document(s) from {sum(map(len, sources.values()))} part(s); merged: {len(texts)}")
             sampled = sum(len(t.encode("utf-8")) for t in texts)
             inputs.log.info(f"training a {config.vocab_size}-token BPE on {len(texts)} texts, {sampled:,} bytes")
             built = train_tokenizer(texts, config)
@@ -106,10 +118,6 @@ def tokenizer_asset(recipe: Recipe, upstream_key: Callable[[str], AssetKey]):
         reads={} if adopt else {source.name: upstream_key(source.name) for source in recipe.sources},
         prepare=prepare, build=build, metadata=metadata,
         failures=(ValueError,),  # a tokenizer that cannot be adopted or does not round-trip
+        resources=frozenset({"executor"}), resumable=True,
     ))
 
-
-def documents(paths: list[Path]) -> Iterator[dict]:
-    """The documents of local part files, in order."""
-    for path in paths:
-        yield from iter_documents(path)

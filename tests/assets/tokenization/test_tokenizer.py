@@ -1,6 +1,6 @@
 """assets/tokenization/tokenizer.py: the spec for the demo recipe (a trained BPE reading every source) and for an
-adopted tokenizer.json (no reads, only path and special tokens versioned), and the build hook adopting the
-shared GPT-2 tokenizer directly."""
+adopted tokenizer.json (no reads, only path and special tokens versioned), the build hook adopting the shared
+GPT-2 tokenizer directly, and training on committed parts: the same tokenizer for any task count."""
 
 import copy
 import dataclasses
@@ -43,7 +43,8 @@ def test_demo_spec_trains_on_every_source(monkeypatch):
     assert tokenizer.tokenizer_path(recipe) is None
     assert spec.section == {"tokenizer": dataclasses.asdict(recipe.tokenizer), "sources": [s.name for s in recipe.sources]}
     assert spec.section["tokenizer"]["vocab_size"] == 8192
-    assert spec.code_version == code_version("tokenizer", "v1", spec.section)
+    assert spec.code_version == code_version("tokenizer", "v2", spec.section)
+    assert spec.resources == frozenset({"executor"}) and spec.resumable
     assert spec.failures == (ValueError,)
     inputs = spec.prepare(Inputs(context=None, store=None, outputs={}))
     assert inputs.fingerprints is None and inputs.manifest == {"inputs": []}
@@ -76,11 +77,38 @@ def test_an_adopted_tokenizer_reads_nothing_and_versions_only_its_file_and_speci
     assert fields["counts"] == {"sample_bytes": 0, "round_trip_documents": 0}
 
 
-def test_documents_reads_local_parts_in_order(tmp_path):
+def test_trained_on_committed_parts_the_same_for_any_task_count(monkeypatch, tmp_path):
     import gzip
 
-    for i, texts in enumerate([["a", "b"], ["c"]]):
-        lines = "".join(json.dumps({"text": t, "id": t}) + "\n" for t in texts)
-        (tmp_path / f"part-{i:05d}.jsonl.gz").write_bytes(gzip.compress(lines.encode()))
-    docs = list(tokenizer.documents(sorted(Path(tmp_path).glob("part-*"))))
-    assert [d["text"] for d in docs] == ["a", "b", "c"]
+    from assets.core.upstream import Output
+    from resources.executor import ExecutorResource
+    from storage.local import LocalStore
+    from storage.manifest import commit_folder
+    from tests.conftest import SHARED_DATA
+
+    recipe = demo_with(vocab_size=400, sample_bytes=60_000)
+    spec = spec_of(monkeypatch, recipe)
+    store = LocalStore(tmp_path / "store")
+    problems = [json.loads(line) for line in (SHARED_DATA / "math" / "gsm8k_train.jsonl").read_text().splitlines()[:400]]
+    outputs = {}
+    for number, source in enumerate(recipe.sources):
+        folder = tmp_path / "docs" / source.name
+        folder.mkdir(parents=True)
+        for part in range(2):
+            chosen = problems[number * 20 + part * 10:number * 20 + part * 10 + 10]
+            lines = "".join(json.dumps({"text": p["question"], "id": f"{source.name}/{part}/{i}"}) + "\n"
+                            for i, p in enumerate(chosen))
+            (folder / f"part-{part:05d}.jsonl.gz").write_bytes(gzip.compress(lines.encode()))
+        prefix = f"docs/{source.name}"
+        outputs[source.name] = Output(decontaminated_key(source.name), prefix, commit_folder(store, prefix, folder, {}))
+    digests = set()
+    for tasks, workers in ((None, 1), (3, 2)):
+        work = tmp_path / f"work-{tasks}"
+        (work / "out").mkdir(parents=True)
+        context = SimpleNamespace(log=logging.getLogger("t"),
+                                  resources=SimpleNamespace(executor=ExecutorResource(kind="local", workers=workers, tasks=tasks)))
+        inputs = spec.prepare(Inputs(context=context, store=store, outputs=outputs)).but(work=work)
+        fields = spec.build(inputs, work / "out")
+        assert fields["tokenizer"]["vocab_size"] == 400 and 0 < fields["counts"]["sample_bytes"] <= 60_000
+        digests.add(fields["tokenizer"]["sha256"])
+    assert len(digests) == 1
