@@ -1,0 +1,378 @@
+"""Data stages at scale: documents/s with 1 and 2 workers and the peak RSS of the largest process, per stage, on
+a crawl of 1x and 4x the demo's web crawl, driven through the real assets (`pretrain materialize`).
+
+    .venv/bin/python bench/scale.py [--scales 1,4] [--tasks 4] [--quick | --smoke]
+
+The corpus: ../shared/data/crawl/web-pages.warc.gz (the demo's `web` source, 1,171 real HTML pages) copied N
+times into WARC files of a fixed size (FILES_PER_COPY files per copy, so 4x has 4x the files, not bigger ones: a
+task's memory should not grow with the corpus). Copy 0 is the crawl as it is; in copy k >= 1 every record is made
+distinct: a new WARC-Record-ID, `?copy=k` on the target URI, and the page's text permuted in place: inside each
+HTML text node (never in tags, scripts, styles or comments), the words (all but the node's last) are reordered in
+blocks of three by a permutation of copy k's own (the bytes, the length and the markup stay, the digests are
+recomputed). Word order is what n-gram dedup compares (5-gram Jaccard to copy 0: 0.04 on average, measured on 150
+pages) while language ID, stop-word and length rules barely see it, so each copy survives dedup and the filters
+much as the original does; and one permutation per copy, applied the same way to the same text, keeps the crawl's
+own near-duplicates near-duplicate within each copy. Boilerplate-only pages (text nodes of one or two words) stay
+the same in every copy: dedup removes those, as it would in a real crawl.
+
+Per configuration (scale x workers) a fresh PRETRAIN_HOME, the local executor with PRETRAIN_EXECUTOR_WORKERS = 1 or
+2 and PRETRAIN_EXECUTOR_TASKS = --tasks on both sides (the same tasks; only how many run at once differs), and a
+recipe with the one `web` source (the demo's web filter without the quality model, which would train a
+classifier on other sources), the demo's dedup and decontamination, a trained tokenizer and packing. Each stage is
+its own `pretrain materialize --select KEY --jobs 1` call, the 1- and 2-worker runs of a stage back to back (a
+shared machine's load drifts less between them). Stage seconds: the manifest's "seconds" where the stage records
+it (the executor's work only), else the Dagster run's duration (build, commit and the asset checks). Peak RSS:
+the process tree polled every POLL_S with psutil, and the largest RUSAGE_CHILDREN ru_maxrss of a wrapper process,
+whichever is larger. The tokenizer trains in the tokenize+pack call (its peak RSS is that call's), but its run is
+timed apart and shown, not counted: it trains on a bounded sample, in one process, whatever the corpus or the
+workers. Threads are pinned to 1 per process (OMP, Rayon, tokenizers), so 1 worker means one core.
+
+Targets on 2 cores: 2 workers >= 1.7x 1 worker on every stage; peak RSS at 4x within 1.3x of 1x for every stage
+but the dedup cluster step, whose bytes per document are printed (the stage's own figure when its manifest has one,
+else the growth of dedup's peak RSS per added document). Last line `ratio: X.XX` = the smallest 2-worker
+speed-up of any stage at any scale. `--quick` (alias `--smoke`, what tests/test_bench.py runs) does the same on
+QUICK_PAGES pages per copy with a small tokenizer and two benchmarks: it checks that the bench works, its figures
+mean nothing.
+"""
+
+import argparse
+import base64
+import gzip
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import zlib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# Not bench/ itself on the path: a bench script named like a stdlib module (bench/tokenize.py) would shadow it.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(REPO))
+
+CRAWL = "crawl/web-pages.warc.gz"  # under the demo recipe's base_dir
+FILES_PER_COPY = 4
+QUICK_PAGES = 12
+POLL_S = 0.05
+# (name, asset keys of its `pretrain materialize` call) in dependency order; the stage's figures are the last
+# key's. The tokenizer trains in the packing call (its run is timed apart and shown, not counted).
+STAGES = [
+    ("raw ingest", ["curation/web/raw_crawl"]),
+    ("filter", ["curation/web/filtered"]),
+    ("dedup", ["curation/deduplicated"]),
+    ("decontamination", ["curation/web/decontaminated"]),
+    ("tokenize+pack", ["tokenization/tokenizer", "tokenization/web/packed"]),
+]
+TOKENIZER = "tokenization/tokenizer"
+QUICK_BENCHMARKS = ["benchmarks/gsm8k_test.jsonl", "benchmarks/arc_easy_test.jsonl"]
+CLI = "import sys; from assets.cli import main; sys.exit(main())"
+# The wrapper reports the largest resident set of any process it waited for (the CLI and what it reaped).
+WRAPPER = ("import resource, subprocess, sys; rc = subprocess.call(sys.argv[2:]); "
+           "open(sys.argv[1], 'w').write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)); sys.exit(rc)")
+
+# -- the corpus ---------------------------------------------------------------------------------------------------
+
+MARKUP = re.compile(rb"<!--.*?-->|<(script|style)\b.*?</\1\s*>|<[^>]*>", re.S | re.I)
+SPACE = re.compile(rb"(\s+)")
+PERMUTATIONS = [(1, 2, 0), (2, 0, 1), (2, 1, 0), (1, 0, 2), (0, 2, 1)]  # copy k >= 1 uses [(k - 1) % 5]
+
+
+def warc_records(path: Path, limit: int | None = None) -> list[bytes]:
+    """The decompressed records of a WARC with one gzip member per record (as web-pages.warc.gz is)."""
+    data, records, pos = path.read_bytes(), [], 0
+    while pos < len(data) and (limit is None or len(records) < limit):
+        member = zlib.decompressobj(31)
+        records.append(member.decompress(data[pos:]))
+        pos = len(data) - len(member.unused_data)
+    return records
+
+
+def permuted_text(text: bytes, order: tuple) -> bytes:
+    """The words of one text node reordered in blocks of three (the node's last word stays put: a sentence keeps
+    its full stop at the end of the node); whitespace stays where it was, so the length is the same."""
+    parts = SPACE.split(text)  # words at even indices, whitespace at odd ones
+    at = [i for i in range(0, len(parts), 2) if parts[i]][:-1]
+    words = [parts[i] for i in at]
+    for start in range(0, len(words) - 2, 3):
+        block = words[start:start + 3]
+        words[start:start + 3] = [block[j] for j in order]
+    for i, word in zip(at, words):
+        parts[i] = word
+    return b"".join(parts)
+
+
+def permuted_html(html: bytes, order: tuple) -> bytes:
+    out, pos = [], 0
+    for tag in MARKUP.finditer(html):
+        out += [permuted_text(html[pos:tag.start()], order), tag.group(0)]
+        pos = tag.end()
+    out.append(permuted_text(html[pos:], order))
+    return b"".join(out)
+
+
+def _sha1(data: bytes) -> bytes:
+    return b"sha1:" + base64.b32encode(hashlib.sha1(data).digest())
+
+
+def copied_record(record: bytes, copy: int) -> bytes:
+    """Record `record` as it is in copy `copy` (0: unchanged), with its headers made consistent again."""
+    if copy == 0:
+        return record
+    head, block = record.split(b"\r\n\r\n", 1)
+    length = int(re.search(rb"(?im)^Content-Length:\s*(\d+)", head).group(1))
+    block, tail = block[:length], block[length:]
+    http_head, sep, payload = block.partition(b"\r\n\r\n")
+    if sep:
+        payload = permuted_html(payload, PERMUTATIONS[(copy - 1) % len(PERMUTATIONS)])
+        block = http_head + sep + payload
+    lines = []
+    for line in head.split(b"\r\n"):
+        name = line.split(b":", 1)[0].lower()
+        if name == b"warc-target-uri":
+            uri = line.split(b":", 1)[1].strip()
+            line = b"WARC-Target-URI: " + uri + (b"&" if b"?" in uri else b"?") + b"copy=%d" % copy
+        elif name == b"warc-record-id":
+            new = uuid.uuid5(uuid.NAMESPACE_URL, f"{line.split(b':', 1)[1].strip().decode()}#copy={copy}")
+            line = f"WARC-Record-ID: <urn:uuid:{new}>".encode()
+        elif name == b"content-length":
+            line = b"Content-Length: %d" % len(block)
+        elif name == b"warc-block-digest":
+            line = b"WARC-Block-Digest: " + _sha1(block)
+        elif name == b"warc-payload-digest" and sep:
+            line = b"WARC-Payload-Digest: " + _sha1(payload)
+        lines.append(line)
+    return b"\r\n".join(lines) + b"\r\n\r\n" + block + tail
+
+
+def build_corpus(records: list[bytes], copies: int, out: Path) -> list[Path]:
+    """`copies` copies of the crawl in FILES_PER_COPY WARC files each (one gzip member per record, no mtime)."""
+    out.mkdir(parents=True, exist_ok=True)
+    per_file = -(-len(records) // FILES_PER_COPY)
+    files = []
+    for copy in range(copies):
+        for part in range(FILES_PER_COPY):
+            path = out / f"web-{copy:02d}-{part:02d}.warc.gz"
+            with open(path, "wb") as f:
+                for record in records[part * per_file:(part + 1) * per_file]:
+                    f.write(gzip.compress(copied_record(record, copy), mtime=0))
+            files.append(path)
+    return files
+
+
+# -- the recipe and the runs --------------------------------------------------------------------------------------
+
+def write_recipe(path: Path, corpus: Path, quick: bool) -> None:
+    import yaml
+
+    from assets.recipe import DEMO_RECIPE
+
+    demo = yaml.safe_load(DEMO_RECIPE.read_text())
+    web = next(s for s in demo["sources"] if s["name"] == "web")
+    web_filter = {k: v for k, v in web["filter"].items() if k != "quality_model"}
+    raw = {
+        "name": f"scale-{corpus.name}",
+        "base_dir": str((DEMO_RECIPE.parent / demo["base_dir"]).resolve()),
+        "sources": [{"name": "web", "format": "warc", "inputs": [str(corpus / "*.warc.gz")], "filter": web_filter}],
+        "dedup": demo["dedup"],
+        "decontamination": {**demo["decontamination"], **({"benchmarks": QUICK_BENCHMARKS} if quick else {})},
+        "tokenizer": {"vocab_size": 512, "sample_bytes": 100_000} if quick else demo["tokenizer"],
+        "packing": demo["packing"],
+    }
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+
+
+def tree_rss(proc) -> int:
+    import psutil
+
+    total = 0
+    try:
+        family = [proc] + proc.children(recursive=True)
+    except psutil.Error:
+        return 0
+    for p in family:
+        try:
+            total = max(total, p.memory_info().rss)
+        except psutil.Error:
+            pass
+    return total
+
+
+def materialize(home: Path, env: dict, keys: list[str]) -> tuple[float, int]:
+    """`pretrain materialize --select KEYS` in `home`: (wall seconds, peak RSS of the largest process, bytes)."""
+    import psutil
+
+    rss_file = home / "maxrss_kb"
+    log = home / "materialize.log"
+    started = time.perf_counter()
+    with open(log, "a") as out:
+        out.write(f"\n=== {keys}\n")
+        out.flush()
+        proc = psutil.Popen([sys.executable, "-c", WRAPPER, str(rss_file), sys.executable, "-c", CLI, "materialize",
+                             "--select", ",".join(keys), "--jobs", "1"], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        peak = 0
+        while proc.poll() is None:
+            peak = max(peak, tree_rss(proc))
+            time.sleep(POLL_S)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"bench/scale.py: `pretrain materialize --select {','.join(keys)}` failed in {home} (exit "
+                         f"{proc.returncode}); its output ends:\n{log.read_text()[-4000:]}")
+    return wall, max(peak, int(rss_file.read_text() or 0) * 1024)
+
+
+def manifest(home: Path, key: str) -> dict:
+    [path] = (home / "store" / key).glob("*/manifest.json")  # a fresh home: one version of each asset
+    return json.loads(path.read_text())
+
+
+def run_seconds(home: Path) -> dict[str, float]:
+    """{asset key: seconds of its newest Dagster run} in `home` (one run per asset: the CLI's way)."""
+    from dagster import DagsterInstance
+    from dagster._core.instance.ref import InstanceRef
+
+    seconds: dict[str, float] = {}
+    with DagsterInstance.from_ref(InstanceRef.from_dir(str(home / "dagster"))) as instance:
+        for record in instance.get_run_records():  # newest first
+            keys = record.dagster_run.asset_selection or ()
+            if len(keys) == 1 and record.start_time is not None and record.end_time is not None:
+                seconds.setdefault(next(iter(keys)).to_user_string(), record.end_time - record.start_time)
+    return seconds
+
+
+def documents_in(found: dict) -> int:
+    """The documents a stage read: counts.in, else counts.records (ingest), else its splits' documents (packing),
+    else the records of its files."""
+    counts = found.get("counts") or {}
+    for field in ("in", "records"):
+        if isinstance(counts.get(field), int):
+            return counts[field]
+    splits = [v["documents"] for v in counts.values() if isinstance(v, dict) and isinstance(v.get("documents"), int)]
+    return sum(splits) if splits else sum(f.get("records") or 0 for f in found.get("files", []))
+
+
+def find_bytes_per_document(found) -> float | None:
+    """A figure the stage reports itself: the first key naming bytes per document, anywhere in its manifest."""
+    if isinstance(found, dict):
+        for key, value in found.items():
+            if re.search(r"bytes.*per.*doc", str(key)) and isinstance(value, (int, float)):
+                return float(value)
+            inner = find_bytes_per_document(value)
+            if inner is not None:
+                return inner
+    elif isinstance(found, list):
+        for value in found:
+            inner = find_bytes_per_document(value)
+            if inner is not None:
+                return inner
+    return None
+
+
+def run_stage(home: Path, env: dict, name: str, keys: list[str]) -> dict:
+    wall, rss = materialize(home, env, keys)
+    found = manifest(home, keys[-1])
+    runs = run_seconds(home)
+    seconds, source = found.get("seconds"), "manifest"
+    if not isinstance(seconds, (int, float)) or seconds <= 0:
+        seconds, source = runs.get(keys[-1], wall), "run"
+    docs = documents_in(found)
+    return {"stage": name, "seconds": float(seconds), "time_from": source, "documents": docs,
+            "docs_per_s": docs / seconds if seconds else 0.0, "rss": rss, "wall": wall,
+            "tokenizer_seconds": runs.get(TOKENIZER) if TOKENIZER in keys else None,
+            "bytes_per_document": find_bytes_per_document(found) if name == "dedup" else None}
+
+
+def environment(home: Path, recipe: Path, workers: int, tasks: int) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PRETRAIN_", "DAGSTER_"))}
+    env.update(
+        PRETRAIN_HOME=str(home), DAGSTER_HOME=str(home / "dagster"), PRETRAIN_RECIPE=str(recipe),
+        PRETRAIN_EXECUTOR="local", PRETRAIN_EXECUTOR_WORKERS=str(workers), PRETRAIN_EXECUTOR_TASKS=str(tasks),
+        HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", RAYON_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    return env
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scales", default="1,4", help="copies of the crawl to measure (default 1,4)")
+    parser.add_argument("--tasks", type=int, default=4, help="executor tasks per stage, on both sides (default 4)")
+    parser.add_argument("--quick", "--smoke", dest="quick", action="store_true",
+                        help=f"{QUICK_PAGES} pages per copy: the bench runs, its figures mean nothing")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (homes, corpora, logs)")
+    args = parser.parse_args()
+    scales = [int(s) for s in args.scales.split(",")]
+
+    from assets.recipe import DEMO_RECIPE
+    import yaml
+
+    base = (DEMO_RECIPE.parent / yaml.safe_load(DEMO_RECIPE.read_text())["base_dir"]).resolve()
+    work = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    try:
+        records = warc_records(base / CRAWL, QUICK_PAGES if args.quick else None)
+        homes: dict[tuple, tuple] = {}
+        for scale in scales:
+            corpus = work / f"corpus-{scale}x"
+            files = build_corpus(records, scale, corpus)
+            size = sum(f.stat().st_size for f in files)
+            print(f"corpus {scale}x: {len(records) * scale} pages in {len(files)} WARC files, {size / 2**20:.1f} MiB",
+                  flush=True)
+            recipe = work / f"recipe-{scale}x.yaml"
+            write_recipe(recipe, corpus, args.quick)
+            for workers in (1, 2):
+                home = work / f"home-{scale}x-{workers}w"
+                home.mkdir()
+                homes[scale, workers] = (home, environment(home, recipe, workers, args.tasks))
+        results: dict[tuple, dict] = {}
+        for scale in scales:
+            for name, keys in STAGES:
+                for workers in (1, 2):
+                    home, env = homes[scale, workers]
+                    results[scale, name, workers] = r = run_stage(home, env, name, keys)
+                    extra = f" (tokenizer trained in {r['tokenizer_seconds']:.2f} s)" if r["tokenizer_seconds"] else ""
+                    print(f"  {scale}x {name:<16} {workers} worker(s): {r['documents']:>6} docs in {r['seconds']:7.2f} s "
+                          f"({r['time_from']}) = {r['docs_per_s']:8.1f} docs/s, peak RSS {r['rss'] / 2**20:7.1f} MiB"
+                          f"{extra}", flush=True)
+        report(results, scales, args.tasks)
+    finally:
+        if args.keep:
+            print(f"work folder kept: {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def report(results: dict, scales: list[int], tasks: int) -> None:
+    measured = [name for name, _ in STAGES]
+    print(f"\nper stage, {tasks} tasks on both sides: documents/s with 1 and 2 workers, peak RSS of the largest process")
+    print(f"{'stage':<16} {'scale':>5} {'docs':>7} {'1 worker':>10} {'2 workers':>10} {'speed-up':>9} "
+          f"{'RSS 1w MiB':>11} {'RSS 2w MiB':>11}")
+    speedups = []
+    for name, _ in STAGES:
+        for scale in scales:
+            one, two = results[scale, name, 1], results[scale, name, 2]
+            speedup = two["docs_per_s"] / one["docs_per_s"] if one["docs_per_s"] else 0.0
+            speedups.append(speedup)
+            print(f"{name:<16} {scale:>4}x {one['documents']:>7} {one['docs_per_s']:>10.1f} {two['docs_per_s']:>10.1f} "
+                  f"{speedup:>8.2f}x {one['rss'] / 2**20:>11.1f} {two['rss'] / 2**20:>11.1f}")
+    if len(scales) > 1:
+        low, high = min(scales), max(scales)
+        print(f"\npeak RSS at {high}x / {low}x (largest process, per worker count; target <= 1.3 but the dedup cluster step)")
+        for name in measured:
+            growth = [results[high, name, w]["rss"] / max(1, results[low, name, w]["rss"]) for w in (1, 2)]
+            print(f"{name:<16} {growth[0]:.2f} (1 worker) {growth[1]:.2f} (2 workers)")
+        dedup = [results[s, "dedup", 1] for s in (low, high)]
+        reported = dedup[1]["bytes_per_document"]
+        added = dedup[1]["documents"] - dedup[0]["documents"]
+        marginal = (dedup[1]["rss"] - dedup[0]["rss"]) / added if added > 0 else float("nan")
+        print(f"dedup cluster step: {reported if reported is not None else 'no figure in the manifest'} bytes/document "
+              f"(stage's own); peak RSS growth {marginal:.0f} bytes per added document (1 worker, {low}x -> {high}x)")
+    print(f"ratio: {min(speedups):.2f}")
+
+
+if __name__ == "__main__":
+    main()
