@@ -10,8 +10,10 @@ trained in the run.
    baseline  tokenizer.encode_batch(batch) (what datatrove's DocumentTokenizer calls), tokens counted after
    ours      pipelines.tokenize.pack_documents: encode, EOS, train/val split, both streams and offsets written
    (ours encodes with encode_batch_fast, which skips the character offsets the packer never needs; its bare
-   speed is printed as a reference, to show what the packing itself costs)
-2. Loader: trainer.data.MixtureDataset batches (seq 256, 3 sources) per second, against what the demo model
+   speed is printed as a reference, to show what the packing itself costs). One process on both sides: each
+   packing task (pipelines/pack.py) runs pack_documents on its parts, so tasks scale this figure out.
+2. Loader: trainer.data.MixtureDataset batches (seq 256, 3 sources of SHARDS shards each, read as one stream
+   per source as the packing tasks write them) per second, against what the demo model
    (Llama-style d=256, 4 layers, seq 256, forward + backward + AdamW step, plain PyTorch) consumes per second
    on this CPU: under bf16 autocast where the CPU computes bf16 natively, else in fp32 (trainer.precision; an
    AVX2-only CPU emulates bf16 ~50x slower, which would measure the emulation, not the model).
@@ -38,6 +40,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from pipelines.shards import iter_documents  # noqa: E402
+from pipelines.packed_format import build_index, write_index  # noqa: E402
 from pipelines.tokenize import PackingConfig, TokenizerConfig, pack_documents, sample_texts, train_tokenizer  # noqa: E402
 from storage.manifest import commit_folder  # noqa: E402
 from storage.objects import open_store  # noqa: E402
@@ -46,6 +49,7 @@ from trainer.precision import resolve_precision  # noqa: E402
 
 BATCH_DOCUMENTS = 1024
 SEQ_LEN = 256
+SHARDS = 4  # packed shards per source for the loader
 
 
 def real_documents(megabytes: float) -> dict[str, list[dict]]:
@@ -197,8 +201,14 @@ def main() -> None:
         store = open_store(tmp / "store")
         shards = {}
         for name, source_docs in sources.items():
-            stats = pack_documents(source_docs, tokenizer, eos_id=0, out_dir=tmp / "packed" / name, config=PackingConfig(val_fraction=0.02))
-            commit_folder(store, name, tmp / "packed" / name, {"packing": stats.manifest_section()})
+            out, size = tmp / "packed" / name, -(-len(source_docs) // SHARDS)
+            names = [f"part-{i:05d}" for i in range(SHARDS)]
+            for i, shard in enumerate(names):
+                pack_documents(source_docs[i * size:(i + 1) * size], tokenizer, eos_id=0, out_dir=out,
+                               config=PackingConfig(val_fraction=0.02), shard=shard)
+            index = build_index(out, names, dtype="uint16", eos_id=0, vocab_size=tokenizer.get_vocab_size(with_added_tokens=True))
+            write_index(out, index)
+            commit_folder(store, name, out, {"packing": index})
             shards[name] = str(tmp / "store" / name)
         data = MixtureDataset(DataConfig(shards=shards, weights={"math": 0.2, "code": 0.3, "prose": 0.5}, seq_len=SEQ_LEN))
         loader = loader_sequences_per_second(data, batches=loader_batches)
