@@ -3,12 +3,13 @@
 DedupClusters is the one step that sees the whole corpus, so it holds only numbers: a union-find parent per
 document over the pairs of the bucket phase (exact and verified), then a cluster size per root; texts stay on
 disk, and only cluster members' keys ((id, text hash), for the keep rule) are read, one unit at a time, into
-a dict per duplicate cluster. What it holds is measured (tracemalloc, its peak over the step) and reported as
-the `held_bytes` stat; the manifest's counts carry it as cluster_bytes_per_document. Measured on 200,000
-documents in 20 shards (tests/pipelines/test_dedup_clusters.py): 20.0 bytes a document with no duplicates (the
-int32 parent array, its pointer-jumping copy, the int64 size per root), 24.8 with a tenth of the documents in
-clusters of 2-4, 47.8 with three tenths: the keep rule's dict and a shard's plan rows take 150-300 bytes per
-duplicate cluster. A corpus of 10^9 documents with 10% duplicates needs about 25 GB in this one task.
+a dict per duplicate cluster. The bytes it holds at its peak (the arrays' nbytes and the dict's sys.getsizeof,
+counted where they are alive together: a figure every run gives alike) are its `held_bytes` stat, and the
+manifest's counts.cluster_bytes_per_document. On 200,000 documents in 20 shards
+(tests/pipelines/test_dedup_clusters.py): 17.0 bytes a document with no duplicates (the int64 parent array and
+its pointer-jumping copy), 27.3 with a tenth of the documents in clusters of 2-4 (tracemalloc's peak: 28.5), 48.6
+with three tenths: the keep rule's dict takes ~300 bytes per duplicate cluster. So 10^9 documents with a tenth of
+them in clusters need about 30 GB in this one task.
 
 DedupRemoval rewrites each unit's shard: documents outside any cluster pass through as the same bytes, cluster
 members get `metadata.dup_cluster` ("<source>/<id>" of the kept document) and `metadata.dup_cluster_size`, and
@@ -21,7 +22,7 @@ from __future__ import annotations
 import gzip
 import json
 import mmap
-import tracemalloc
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -50,35 +51,32 @@ class DedupClusters(PipelineStep):
     def run(self, data=None, rank: int = 0, world_size: int = 1):
         if world_size != 1:
             raise ValueError(f"dedup clusters: one task holds the union-find, got {world_size} tasks")
-        tracing = tracemalloc.is_tracing()
-        if not tracing:
-            tracemalloc.start()
-        tracemalloc.reset_peak()
-        base = tracemalloc.get_traced_memory()[0]
-        try:
-            with self.track_time("stage"):
-                self._clusters()
-            self.stat_update("held_bytes", value=tracemalloc.get_traced_memory()[1] - base, unit="stage")
-        finally:
-            if not tracing:
-                tracemalloc.stop()
+        with self.track_time("stage"):
+            held = self._clusters()
+        self.stat_update("held_bytes", value=held, unit="stage")
         return iter(())
 
-    def _clusters(self) -> None:
+    def _clusters(self) -> int:
+        """Writes the plans; returns the bytes held at the step's peak: the arrays and the dict alive together
+        (nbytes, sys.getsizeof), a count that is the same on every run, unlike an allocator's."""
         index = read_unit_index(self.work_dir)
         total, units = index["documents"], index["units"]
-        parent = np.arange(total, dtype=np.int32 if total < 2**31 else np.int64)
+        parent = np.arange(total, dtype=np.int64)
+        held = parent.nbytes
         for name in self.buckets:
             path = self.work_dir / "pairs" / f"{name}.npy"
             if not path.is_file():
                 raise FileNotFoundError(f"dedup clusters: {path} is missing: the bucket phase has not completed")
             pairs = np.load(path, mmap_mode="r")
             for start in range(0, len(pairs), PAIR_CHUNK):
-                chunk = np.asarray(pairs[start : start + PAIR_CHUNK]).astype(parent.dtype)
+                chunk = np.array(pairs[start : start + PAIR_CHUNK], dtype=np.int64)
+                held = max(held, parent.nbytes + chunk.nbytes)
                 _union(parent, chunk[:, 0], chunk[:, 1])
         root = _roots(parent)
+        held = max(held, 2 * root.nbytes + total)  # the pointer-jumping copy and its comparison
         del parent
         size = np.bincount(root, minlength=total)  # documents per root (0 for non-roots)
+        held = max(held, root.nbytes + size.nbytes + total)
         clusters = np.bincount(size[size > 1])
         for n_docs in np.flatnonzero(clusters):
             self.stat_update(f"clusters_of_size_{n_docs}", value=int(clusters[n_docs]))
@@ -94,20 +92,23 @@ class DedupClusters(PipelineStep):
                 candidate = (source, doc_id, text_hash, offset + line)
                 if r not in best or candidate < best[r]:
                     best[r] = candidate
+        held = max(held, root.nbytes + size.nbytes + _deep_size(best))
         # Pass 2: what happens to each member, written per unit (an empty file where a unit has none).
         (self.work_dir / "clusters").mkdir(parents=True, exist_ok=True)
         for unit, info in enumerate(units):
-            rows = []
-            for line, _, text_hash in self._members(unit, info, root, size):
-                g = info["offset"] + line
-                r = int(root[g])
-                source, keeper_id, keeper_hash, keeper = best[r]
-                action = KEEP if g == keeper else "exact_duplicate" if text_hash == keeper_hash else "near_duplicate"
-                rows.append(orjson.dumps([line, f"{self.sources[source]}/{keeper_id}", int(size[r]), action]) + b"\n")
-            self.stat_update("cluster_members", value=len(rows))
+            members = 0
             tmp = unit_file(self.work_dir, "clusters", unit, ".jsonl.tmp")
-            tmp.write_bytes(b"".join(rows))
+            with open(tmp, "wb") as f:
+                for line, _, text_hash in self._members(unit, info, root, size):
+                    g = info["offset"] + line
+                    r = int(root[g])
+                    source, keeper_id, keeper_hash, keeper = best[r]
+                    action = KEEP if g == keeper else "exact_duplicate" if text_hash == keeper_hash else "near_duplicate"
+                    f.write(orjson.dumps([line, f"{self.sources[source]}/{keeper_id}", int(size[r]), action]) + b"\n")
+                    members += 1
             tmp.replace(unit_file(self.work_dir, "clusters", unit, ".jsonl"))
+            self.stat_update("cluster_members", value=members)
+        return held
 
     def _members(self, unit: int, info: dict, root: np.ndarray, size: np.ndarray) -> Iterator[tuple[int, str, str]]:
         """(line, id, text hash) of the unit's documents in clusters of two or more, in line order: only their
@@ -116,12 +117,18 @@ class DedupClusters(PipelineStep):
         lines = np.flatnonzero(size[root[offset : offset + n]] > 1)
         if not len(lines):
             return
-        bounds = np.fromfile(unit_file(self.work_dir, "signatures", unit, ".keys_index"), dtype=np.uint64)
+        bounds = np.memmap(unit_file(self.work_dir, "signatures", unit, ".keys_index"), dtype=np.uint64, mode="r")
         with open(unit_file(self.work_dir, "signatures", unit, ".keys.jsonl"), "rb") as f:
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as keys:
                 for line, start, stop in zip(lines.tolist(), bounds[lines].tolist(), bounds[lines + 1].tolist()):
                     doc_id, text_hash = orjson.loads(keys[start:stop])
                     yield line, doc_id, text_hash
+
+
+def _deep_size(best: dict) -> int:
+    """sys.getsizeof of the dict, its keys, its tuples and their items."""
+    return sys.getsizeof(best) + sum(sys.getsizeof(r) + sys.getsizeof(t) + sum(map(sys.getsizeof, t))
+                                     for r, t in best.items())
 
 
 def _find(parent: np.ndarray, x: np.ndarray) -> np.ndarray:
