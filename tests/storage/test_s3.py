@@ -50,7 +50,9 @@ def test_s3_retries_ride_out_a_short_outage(s3, s3_proxy, caplog):
     caplog.set_level(logging.WARNING, logger="storage.s3")
     store = S3Store(f"s3://{s3.bucket}/p", endpoint_url=s3_proxy.url, max_attempts=6, backoff_base=0.1)
     s3_proxy.down()
-    threading.Timer(0.5, s3_proxy.up).start()
+    # Longer than botocore's own request retries can wait (3 attempts, up to 1 + 2 s of jittered back-off), so
+    # the whole operation fails at least once and the store's retries are what ride it out.
+    threading.Timer(3.5, s3_proxy.up).start()
     assert store.put_bytes("k", b"made it") == ObjectInfo("k", 7, sha(b"made it"))
     assert store.get_bytes("k") == b"made it"
     retries = [r.getMessage() for r in caplog.records if r.name == "storage.s3"]
