@@ -38,6 +38,7 @@ import xxhash
 from datatrove.pipeline.base import PipelineStep
 
 from pipelines.dedup import DedupConfig, MinHasher, WordHasher, estimated_jaccard, ngram_hashes, normalized_words, run_pairs
+from pipelines.inputs import as_input, open_input
 from storage.objects import ObjectStore
 
 SHARD_COMPRESSLEVEL = 1  # dedup's outputs are rewritten by decontamination: speed over size
@@ -67,14 +68,8 @@ class Shard:
 
     @contextmanager
     def open(self) -> Iterator[BinaryIO]:
-        if self.store is not None:
-            raw = self.store.open_read(self.path)
-        elif "://" in str(self.path):
-            import fsspec
-
-            raw = fsspec.open(str(self.path), "rb").open()
-        else:
-            raw = open(self.path, "rb")
+        # From the store, or a path or URL as raw ingest reads them (S3 settings from the AWS_* variables).
+        raw = self.store.open_read(self.path) if self.store is not None else open_input(as_input(self.path))
         try:
             if str(self.path).endswith(".gz"):
                 with gzip.GzipFile(fileobj=raw, mode="rb") as f:

@@ -14,6 +14,7 @@ from pipelines.dedup_stage import LocalRunner, deduplicate
 from pipelines.dedup_steps import Shard
 from pipelines.shards import iter_documents
 from tests.pipelines.test_dedup import c4_docs, edit_words, write_part  # noqa: F401  (c4_docs: a fixture)
+from tests.resources.test_executor import ray_cluster  # noqa: F401  (a fixture)
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +154,16 @@ def test_shards_stream_from_the_object_store(tmp_path, corpus, store):
     # One worker: a forkserver started by an earlier test would not have this test's AWS_* variables.
     from_store, other = run_stage(tmp_path, sources, LocalRunner(workers=1, tasks=3), "store")
     assert other == out and from_store == from_disk
+
+
+@pytest.mark.slow  # ~30 s: a Ray cluster starts
+def test_ray_writes_the_same_bytes(tmp_path, corpus, ray_cluster):
+    from resources.executor import ExecutorResource
+
+    reference, out = run_stage(tmp_path, corpus, LocalRunner(workers=1, tasks=1), "local")
+    ray = ExecutorResource(kind="ray", workers=2, tasks=4, ray_address=ray_cluster, mem_per_cpu_gb=0.5)
+    stats, other = run_stage(tmp_path, corpus, ray, "ray")
+    assert other == out and stats == reference
 
 
 def test_the_counts_come_from_each_phases_stats(tmp_path, corpus):
