@@ -23,6 +23,7 @@ from assets.stages import EvaluationSection, MixingSection, TrainingSection
 from pipelines.decontam import DecontamConfig
 from pipelines.dedup import DedupConfig
 from pipelines.filter_config import FilterConfig
+from pipelines.inputs import URL_SCHEME
 from pipelines.readers import ReaderConfig, expand_inputs
 from pipelines.quality_model import QualityClassifierConfig
 from pipelines.tokenize import PackingConfig, TokenizerConfig
@@ -158,7 +159,11 @@ def recipe_path(explicit: str | os.PathLike | None = None) -> Path:
 
 
 def load_recipe(path: str | os.PathLike | None = None) -> Recipe:
-    """Read and validate a recipe, including that every input exists. Raises RecipeError."""
+    """Read and validate a recipe, including that every local input exists. Raises RecipeError.
+
+    Remote inputs (s3://...) are listed when their raw_crawl asset materializes, not here: Dagster loads the
+    definitions in every run's process, and a listing of thousands of objects, or an unreachable endpoint, must
+    not slow down or break loading the code location."""
     path = recipe_path(path)
     if not path.is_file():
         raise RecipeError(f"{path}: recipe file not found")
@@ -174,7 +179,7 @@ def load_recipe(path: str | os.PathLike | None = None) -> Recipe:
         raise RecipeError(_describe(path, raw, exc)) from None
     for i, source in enumerate(recipe.sources):
         try:
-            recipe.input_files(source)
+            expand_inputs([spec for spec in source.inputs if not URL_SCHEME.match(spec)], recipe.input_root)
         except ValueError as exc:
             raise RecipeError(f"{path}: sources[{i}] ({source.name}).inputs: {exc}") from None
     return recipe

@@ -29,7 +29,10 @@ def raw_crawl_key(source_name: str) -> AssetKey:
 
 def raw_crawl_asset(recipe: Recipe, source: SourceConfig):
     def prepare(inputs: Inputs) -> Inputs:
-        files = recipe.input_files(source)
+        try:
+            files = recipe.input_files(source)  # remote inputs are listed here, not when the recipe loads
+        except ValueError as exc:
+            raise Failure(description=f"sources[{source.name}].inputs: {exc}") from None
         return inputs.but(fingerprints=file_fingerprints(files), manifest={"inputs": [str(path) for path in files]},
                           extra={"files": files})
 

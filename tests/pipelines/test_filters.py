@@ -154,8 +154,8 @@ def test_german_text_is_judged_by_german_stop_words(shared_data):
 def test_german_pages_survive_when_the_source_lists_german(shared_data, tmp_path):
     raw = tmp_path / "raw"
     ingest_source(name="cc", inputs=[shared_data / "crawl" / "resiliparse_CC-MAIN-2020-34_excerpt.warc.gz"],
-                  format="warc", reader=ReaderConfig(workers=1), out_dir=raw)
-    pages = [d for d in iter_documents(raw / "part-00000.jsonl.gz")]
+                  format="warc", reader=ReaderConfig(), out_dir=raw)
+    pages = [d for d in iter_documents(raw / "part-00000-00000.jsonl.gz")]
     with zipfile.ZipFile(shared_data / "lid" / "nltk_genesis.zip") as z:
         genesis = z.read("genesis/german.txt").decode("latin-1")
     german = [{"text": german_udhr(shared_data), "id": "udhr-de", "metadata": {"source": "t", "url": "https://www.ohchr.org/de"}},
@@ -181,8 +181,8 @@ def test_german_pages_survive_when_the_source_lists_german(shared_data, tmp_path
 def test_code_heuristics_keep_real_code_and_drop_blobs_and_generated_files(shared_data, tmp_path):
     raw = tmp_path / "raw"
     ingest_source(name="code", inputs=[shared_data / "code" / "thealgorithms_python_py_files.tar.gz"], format="text",
-                  reader=ReaderConfig(include=("*.py",), workers=1), out_dir=raw)
-    files = [d for d in iter_documents(raw / "part-00000.jsonl.gz")][:40]
+                  reader=ReaderConfig(include=("*.py",)), out_dir=raw)
+    files = [d for d in iter_documents(raw / "part-00000-00000.jsonl.gz")][:40]
     step = CodeQualityFilter(CodeConfig())
     verdicts = [step.filter(Document(text=d["text"], id=d["id"])) for d in files]
     assert sum(v is True for v in verdicts) >= 36  # real, hand-written code passes
@@ -200,8 +200,8 @@ def test_quality_classifier_beats_chance_on_the_labelled_documents(shared_data, 
         shared_data / "crawl" / "resiliparse_clueweb09-ja_excerpt.warc.gz",
         shared_data / "crawl" / "dolma_sample-0000.warc.gz",
         shared_data / "crawl" / "dolma_sample-0001.warc.gz",
-    ], format="warc", reader=ReaderConfig(workers=1), out_dir=raw)
-    negatives = [d["text"] for d in iter_documents(raw / "part-00000.jsonl.gz")]
+    ], format="warc", reader=ReaderConfig(), out_dir=raw)
+    negatives = [d["text"] for part in sorted(raw.glob("part-*.jsonl.gz")) for d in iter_documents(part)]
     negatives.append((shared_data / "quality" / "cs336_low_quality_cc.txt").read_text())
     positives = [(shared_data / "quality" / "cs336_high_quality_wiki_reference.txt").read_text(),
                  (shared_data / "wiki" / "wikitext-2-valid.txt").read_text()]
