@@ -121,3 +121,23 @@ def test_reader_workers_is_deprecated_but_accepted(tmp_path):
     path = write_recipe(tmp_path, lambda raw: raw["sources"][0].update(reader={"workers": 2}))
     web = load_recipe(path).source("web")
     assert web.reader.workers == 2 and web.raw_section() == load_recipe(DEMO_RECIPE).source("web").raw_section()
+
+
+@pytest.mark.slow  # materializes the example's raw_crawl from a moto S3 server (~15 s)
+def test_the_s3_crawl_example_reads_its_warcs_from_the_bucket(tmp_path, monkeypatch, capsys, s3, shared_data):
+    from assets.cli import main
+
+    example = DEMO_RECIPE.parent / "crawl_from_s3.yaml"
+    recipe = load_recipe(example)  # nothing remote is listed at load
+    # A real Common Crawl WARC excerpt where the example looks for the snapshot's WARCs.
+    s3.client().create_bucket(Bucket="commoncrawl")
+    key = "crawl-data/CC-MAIN-2024-22/segments/1715971057216.39/warc/CC-MAIN-20240517233122-00000.warc.gz"
+    s3.client().upload_file(str(shared_data / "crawl" / "whirlwind_CC-MAIN-2024-22.warc.gz"), "commoncrawl", key)
+    assert recipe.input_files(recipe.source("cc")) == [f"s3://commoncrawl/{key}"]
+    monkeypatch.setenv("PRETRAIN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home" / "dagster"))
+    assert main(["materialize", "--recipe", str(example), "--select", "curation/cc/raw_crawl"]) == 0, \
+        capsys.readouterr().err[-3000:]
+    assert main(["where", "--recipe", str(example), "curation/cc/raw_crawl"]) == 0
+    manifest = yaml.safe_load(capsys.readouterr().out.split("\n", 1)[1])
+    assert manifest["inputs"] == [f"s3://commoncrawl/{key}"] and manifest["counts"]["kept"] >= 1
