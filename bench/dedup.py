@@ -8,7 +8,8 @@ copy whose words are replaced (by words that occur nowhere else) until the exact
 shingle sets hits a target level. Every passage and copy goes through both systems in one corpus:
   - ours: deduplicate() end to end through its four datatrove pipelines (part files in, signatures -> buckets
     with verified pairs -> clusters -> removal -> part files out), run by LocalPipelineExecutor with one worker,
-    in this process as datasketch runs in it; a pair is found when both documents land in the same cluster.
+    one task per phase, in this process as datasketch runs in it; a pair is found when both documents land in
+    the same cluster.
   - datasketch: MinHash(num_perm=112) over the same shingles + MinHashLSH(threshold=0.75, 112 perms); each
     passage inserted, each copy queried; a pair is found when the query returns its passage.
 Each side runs --repeats times (alternating; the fastest run counts, since the machine may be shared).
@@ -128,8 +129,10 @@ def run_ours(pairs, work: Path, config: DedupConfig) -> tuple[set[int], float]:
             f.write(b"".join(orjson.dumps(d) + b"\n" for d in docs))
         inputs.append((name, [path]))
     start = time.perf_counter()
-    # One worker: the same one process as datasketch's side (the timing includes datatrove's executor start-up).
-    deduplicate(sources=inputs, config=config, work_dir=work / "stages", out_dir=work / "out", executor=LocalRunner(workers=1))
+    # One worker running one task per phase: the same one process as datasketch's side (the timing includes
+    # datatrove's executor start-up and task logging, four times).
+    deduplicate(sources=inputs, config=config, work_dir=work / "stages", out_dir=work / "out",
+                executor=LocalRunner(workers=1, tasks=1))
     elapsed = time.perf_counter() - start
     cluster = {}
     for name in ("originals", "copies"):

@@ -213,7 +213,8 @@ class DedupRemoval(PipelineStep):
         self.stat_update(f"removed:{shard.source}", value=removed.records)
         for reason, n in sorted(reasons.items()):
             self.stat_update(f"removed_{reason}", value=n)
-        files = [{"path": name, "records": w.records} for name, w in ((kept_name, kept), (removed_name, removed)) if w.records]
+        files = [{"path": name, "records": w.records}
+                 for name, w in ((kept_name, kept), (removed_name, removed)) if w.records]
         write_atomic_text(unit_file(self.work_dir, "removal", unit, ".json"), json.dumps({"files": files}))
 
 

@@ -168,7 +168,8 @@ class DedupSignatures(PipelineStep):
                 words = normalized_words(doc.get("text") or "")
                 exact = xxhash.xxh3_128_digest(" ".join(words))
                 exact_hashes.append(exact)
-                key_offsets.append(key_offsets[-1] + key_file.write(orjson.dumps([str(doc.get("id", "")), exact.hex()]) + b"\n"))
+                key = orjson.dumps([str(doc.get("id", "")), exact.hex()]) + b"\n"
+                key_offsets.append(key_offsets[-1] + key_file.write(key))
                 if words:
                     shingles = np.unique(ngram_hashes(hasher(words), config.ngram))
                     batch.append(shingles)

@@ -54,7 +54,8 @@ def deduplicated_asset(recipe: Recipe, upstream_key: Callable[[str], AssetKey]):
     def build(inputs: Inputs, out_dir) -> dict:
         # Every task streams its own shards from the store (Shard pickles the store for Ray and Slurm workers).
         sources = [(name, [Shard(name, key, inputs.store) for key in inputs.outputs[name].files()]) for name in reads]
-        inputs.log.info(f"deduplicating {sum(len(s) for _, s in sources)} shard(s) of {len(sources)} source(s) in {inputs.work}")
+        shards = sum(len(shards) for _, shards in sources)
+        inputs.log.info(f"deduplicating {shards} shard(s) of {len(sources)} source(s) in {inputs.work}")
         stats = deduplicate(sources=sources, config=recipe.dedup, work_dir=inputs.work, out_dir=out_dir,
                             executor=inputs.resources.executor)
         return {"files": stats.files, "counts": {
