@@ -75,9 +75,10 @@ def test_tokenizer_and_packed_shards_from_two_sources(tmp_path, monkeypatch, cap
         counts = manifest["counts"]
         assert counts["train"]["documents"] + counts["val"]["documents"] == raw["counts"]["kept"]
         assert counts["val"]["documents"] > 0 and counts["train"]["tokens"] > 10 * counts["train"]["documents"]
-        assert {f["path"] for f in manifest["files"]} == {
-            f"{split}.{kind}.bin" for split in ("train", "val") for kind in ("tokens", "offsets")
-        }
+        shard_files = {entry[f"{kind}_file"] for split in ("train", "val")
+                       for entry in manifest["packing"]["splits"][split]["shards"] for kind in ("tokens", "offsets")}
+        assert {f["path"] for f in manifest["files"]} == {"index.json"} | shard_files
+        assert all(path.startswith(("train/part-", "val/part-")) for path in shard_files)
         assert all(len(f["sha256"]) == 64 for f in manifest["files"])
         folders[source] = uri.removeprefix("file://")
         assert folders[source].startswith(str(store))
@@ -132,6 +133,6 @@ def test_an_adopted_tokenizer_needs_no_documents(tmp_path, monkeypatch, capsys):
     _, packed = where("tokenization/math/packed", capsys)
     assert packed["packing"]["dtype"] == "uint16" and packed["packing"]["eos_id"] == 50256
     assert packed["counts"]["train"]["documents"] + packed["counts"]["val"]["documents"] == curated["counts"]["kept"] > 7000
-    assert np.dtype(packed["packing"]["dtype"]).itemsize * packed["counts"]["train"]["tokens"] == next(
-        f["bytes"] for f in packed["files"] if f["path"] == "train.tokens.bin"
+    assert np.dtype(packed["packing"]["dtype"]).itemsize * packed["counts"]["train"]["tokens"] == sum(
+        f["bytes"] for f in packed["files"] if f["path"].startswith("train/") and f["path"].endswith(".tokens.bin")
     )
