@@ -19,7 +19,8 @@ pipelines/dedup.py's; each phase is one step (pipelines/dedup_steps.py, dedup_cl
   4. removal      tasks = executor.tasks_for(input shards): each task rewrites its shards.
 Every file is named after its input shard or bucket, never a rank: 1 task, 4 tasks on 2 workers or Ray write the
 same bytes. A phase killed half-way and run again in the same work_dir runs only its unfinished tasks (datatrove's
-completion markers); a finished phase is skipped whole. Counts come from each phase's merged stats.json.
+completion markers); a finished phase is skipped whole; a phase left by another task count starts over (a rank's
+shards depend on the count). Counts come from each phase's merged stats.json.
 
 Candidate and verified pairs are counted per band: a pair whose documents collide in three bands is checked,
 and counted, in each of the three (the band tasks share nothing).
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,23 +113,35 @@ def deduplicate(
     work_dir.mkdir(parents=True, exist_ok=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     executor = executor or LocalRunner()
-    logs = work_dir / "logs"
 
     def tasks(natural: int) -> int:
         return max(1, min(executor.tasks_for(natural), natural))
 
-    executor.run([DedupSignatures(units, config, work_dir)], logging_dir=logs / "signatures", tasks=tasks(len(units)))
+    def run(phase: str, step, tasks: int) -> Path:
+        return _run_phase(executor, step, work_dir / "logs" / phase, tasks)
+
+    run("signatures", DedupSignatures(units, config, work_dir), tasks(len(units)))
     index = _write_unit_index(units, config, work_dir)
     buckets = bucket_units(config, index["partitions"])
     # Bucket tasks: by default as many as input shards (a task each per band group), at most one per bucket unit.
     bucket_tasks = max(1, min(executor.tasks_for(min(len(buckets), len(units))), len(buckets)))
-    counts = {"buckets": executor.run([DedupBuckets(buckets, config, work_dir)], logging_dir=logs / "buckets",
-                                      tasks=bucket_tasks)}
-    counts["clusters"] = executor.run([DedupClusters(names, buckets, work_dir)], logging_dir=logs / "clusters", tasks=1)
-    counts["removal"] = executor.run([DedupRemoval(units, work_dir, out_dir)], logging_dir=logs / "removal",
-                                     tasks=tasks(len(units)))
+    counts = {"buckets": run("buckets", DedupBuckets(buckets, config, work_dir), bucket_tasks)}
+    counts["clusters"] = run("clusters", DedupClusters(names, buckets, work_dir), 1)
+    counts["removal"] = run("removal", DedupRemoval(units, work_dir, out_dir), tasks(len(units)))
     totals = {phase: stat_totals(path) for phase, path in counts.items()}
     return _stats(names, units, work_dir, totals, index["documents"])
+
+
+def _run_phase(executor, step, logging_dir: Path, tasks: int) -> Path:
+    """One phase on the executor, resuming in logging_dir. Completion markers and stats are per rank, and a rank's
+    units depend on the task count: a phase left by a run with another task count starts over (its files are
+    rewritten with the same bytes), rather than skip ranks that did other units and sum stale stats."""
+    record = logging_dir.with_name(f"{logging_dir.name}.tasks")
+    if logging_dir.exists() and (not record.is_file() or record.read_text() != str(tasks)):
+        shutil.rmtree(logging_dir)
+    logging_dir.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(str(tasks))
+    return executor.run([step], logging_dir=logging_dir, tasks=tasks)
 
 
 def _check_unique_outputs(units: list[Shard]) -> None:

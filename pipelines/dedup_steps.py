@@ -225,7 +225,6 @@ class DedupBuckets(PipelineStep):
         index = read_unit_index(self.work_dir)
         self._offsets = np.array([u["offset"] for u in index["units"]] + [index["documents"]], dtype=np.int64)
         self._counts = [u["documents"] for u in index["units"]]
-        self._signatures: dict[int, np.ndarray] = {}
         (self.work_dir / "pairs").mkdir(parents=True, exist_ok=True)
         for i in _my_units(len(self.buckets), rank, world_size):
             with self.track_time("bucket"):
@@ -286,11 +285,11 @@ class DedupBuckets(PipelineStep):
         bounds = np.flatnonzero(np.diff(units[order])) + 1
         for chunk in np.split(order, bounds):
             unit = int(units[chunk[0]])
-            if unit not in self._signatures:
-                self._signatures[unit] = np.memmap(
-                    unit_file(self.work_dir, "signatures", unit, ".sig"), dtype=np.uint32, mode="r",
-                    shape=(self._counts[unit], self.config.permutations))
-            out[chunk] = self._signatures[unit][ids[chunk] - self._offsets[unit]]
+            # Mapped for this read only: a bucket may touch every shard, and each map holds a file descriptor.
+            signatures = np.memmap(unit_file(self.work_dir, "signatures", unit, ".sig"), dtype=np.uint32, mode="r",
+                                   shape=(self._counts[unit], self.config.permutations))
+            out[chunk] = signatures[ids[chunk] - self._offsets[unit]]
+            del signatures
         return out
 
 

@@ -140,6 +140,20 @@ def test_a_killed_phase_resumes_with_only_the_tasks_that_did_not_complete(tmp_pa
     assert stats == reference
 
 
+def test_a_phase_resumed_with_another_task_count_starts_over(tmp_path, corpus):
+    """Four tasks' completion markers mean nothing to two tasks (a rank's shards depend on the count): every phase
+    runs again, and the output and counts are still those of one uninterrupted run."""
+    reference, out = run_stage(tmp_path, corpus, LocalRunner(workers=1, tasks=1), "whole")
+    executor = KillingRunner("removal", rank=2, marker=tmp_path / "killed.marker", workers=1, tasks=4)
+    with pytest.raises(RuntimeError, match="task 2 killed"):
+        run_stage(tmp_path, corpus, executor, "killed")
+    stats, resumed = run_stage(tmp_path, corpus, LocalRunner(workers=1, tasks=2), "killed")
+    assert resumed == out and stats == reference
+    logs = tmp_path / "killed" / "work" / "logs"
+    for phase in ("signatures", "buckets", "removal"):
+        assert sorted(p.name for p in (logs / phase / "completions").iterdir()) == ["00000", "00001"], phase
+
+
 @pytest.mark.slow  # ~7 s on S3: moto serves every shard twice (signatures, removal)
 def test_shards_stream_from_the_object_store(tmp_path, corpus, store):
     from_disk, out = run_stage(tmp_path, corpus, LocalRunner(workers=1, tasks=2), "disk")
