@@ -11,14 +11,13 @@ import dataclasses
 import gzip
 import hashlib
 import time
-from collections import Counter
 from pathlib import Path
 
 from dagster import AssetKey, MetadataValue
 
 from assets.core.factory import Inputs, OutputSpec, output_asset
 from assets.core.upstream import Output
-from assets.curation.checks import documents_check, documents_check_spec, read_documents
+from assets.curation.checks import documents_check, documents_check_spec, language_counts
 from assets.curation.quality_classifier import CLASSIFIER_KEY, MODEL_FILE
 from assets.curation.raw_crawl import raw_crawl_key
 from assets.plots import bar_chart, count_table
@@ -130,8 +129,7 @@ def _language_metadata(store, parts: list[str], source: SourceConfig) -> dict:
     """The kept documents' languages (metadata.language, set by language ID), when the source's filter has it."""
     if source.filter.language is None:
         return {}
-    languages = Counter(doc.get("metadata", {}).get("language", "?") for doc in read_documents(store, parts))
-    ordered = dict(languages.most_common())
+    ordered = dict(language_counts(store, parts).most_common())  # streamed, a part at a time
     return {
         "languages": count_table(ordered, key="language", value="documents"),
         "languages_plot": bar_chart(ordered, title=f"{source.name}: kept documents by language", ylabel="documents"),
