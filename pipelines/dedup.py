@@ -9,7 +9,9 @@ corpus as datatrove pipelines is pipelines/dedup_stage.py (`deduplicate`), its s
     (`MinHasher`), one uint64 key per band of `rows` values: equal keys in a band make an LSH candidate pair;
   - verification: a candidate pair is merged only when the fraction of signature positions the two share (the
     estimated Jaccard) is >= verify_threshold. Verification is what removes LSH's false positives at Jaccard
-    0.3-0.5 while the 14x8 banding keeps recall high at >= 0.8 (bench/dedup.py);
+    0.3-0.5 while the 14x8 banding keeps recall high at >= 0.8. bench/dedup.py, through the staged datatrove path
+    on 2 shared cores: recall 0.986 at J >= 0.8, no false positive at J 0.3-0.5, 1.4-1.7x datasketch
+    MinHashLSH's documents/s (one process each);
   - keep rule: in each cluster of two or more documents the one with the smallest (source position in the
     recipe, document id, text hash) is kept -- a rule that does not depend on the order documents are read in.
 """
