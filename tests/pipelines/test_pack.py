@@ -111,3 +111,31 @@ def test_the_tokenizer_sample_from_tasks_is_the_sample_of_the_whole(parts, tmp_p
         assert step_stats(tmp_path / f"logs-{tasks}" / "stats.json", SampleShards.name)["shards"] == 8
     per_source = {name: sum(len(t.encode()) for t in expected if t in {d["text"] for d in docs[name]}) for name in docs}
     assert all(0 < n <= 60_000 for n in per_source.values()), per_source
+
+
+def test_a_packing_run_killed_after_some_tasks_reruns_only_the_rest(parts, tmp_path):
+    """The executor resource skips the tasks that completed; a task that did not is run again and rewrites its
+    shards whole (temporary names, then a rename), so the result equals an uninterrupted run."""
+    from resources.executor import ExecutorResource
+
+    store, keys, _ = parts
+    executor = ExecutorResource(kind="local", workers=1)
+    out, logs = tmp_path / "out", tmp_path / "logs"
+
+    def run():
+        step = PackShards(store=store, keys=keys["math"], tokenizer_file=str(GPT2), eos_id=EOS,
+                          config=PackingConfig(val_fraction=0.1), output_dir=str(out))
+        return executor.run([step], logging_dir=logs, tasks=4)
+
+    stats = step_stats(run(), PackShards.name)
+    whole = {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    # "Kill" task 1 (its share: part 1): its marker, stats and one of its files gone, a half-written temporary
+    # file left behind.
+    (logs / "completions" / "00001").unlink()
+    (logs / "stats" / "00001.json").unlink()
+    (out / "train" / "part-00001.tokens.bin").unlink()
+    (out / "train" / ".part-00001.tokens.bin.tmp").write_bytes(b"half")
+    untouched = {p: p.stat().st_mtime_ns for p in out.rglob("*part-00003*")}
+    assert step_stats(run(), PackShards.name) == stats  # the merged counts of old and new tasks
+    assert {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == whole
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*part-00003*")} == untouched  # task 3 did not run again
