@@ -66,9 +66,10 @@ class GzipLines:
 
 
 class ShardWriter:
-    """Records into out_dir/<prefix>part-NNNNN.jsonl.gz, a new shard after every `records_per_shard`. A shard is
+    """Records into out_dir/<prefix><stem>-NNNNN.jsonl.gz, a new shard after every `records_per_shard`. A shard is
     opened by its first record: no records, no shard files. `files` lists each shard's path (relative to out_dir)
-    and record count, in order."""
+    and record count, in order. Ingest names an input's shards after it: stem "part-00003" gives
+    part-00003-00000.jsonl.gz, part-00003-00001.jsonl.gz, ..."""
 
     def __init__(
         self,
@@ -77,6 +78,7 @@ class ShardWriter:
         records_per_shard: int,
         compresslevel: int,
         prefix: str = "",
+        stem: str = "part",
         default: Callable[[Any], Any] | None = None,
     ):
         if records_per_shard < 1:
@@ -85,6 +87,7 @@ class ShardWriter:
         self.records_per_shard = records_per_shard
         self.compresslevel = compresslevel
         self.prefix = prefix  # e.g. "web/": dedup writes every source's shards under one out_dir
+        self.stem = stem
         self.default = default
         self.files: list[dict] = []
         self._shard: GzipLines | None = None
@@ -92,7 +95,7 @@ class ShardWriter:
     def write(self, record: Any) -> None:
         if self._shard is None or self._shard.records >= self.records_per_shard:
             self._close_shard()
-            path = f"{self.prefix}part-{len(self.files):05d}.jsonl.gz"
+            path = f"{self.prefix}{self.stem}-{len(self.files):05d}.jsonl.gz"
             self._shard = GzipLines(self.out_dir / path, compresslevel=self.compresslevel, default=self.default)
             self.files.append({"path": path, "records": 0})
         self._shard.write(record)

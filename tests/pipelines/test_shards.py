@@ -176,3 +176,9 @@ def test_a_document_not_read_by_the_input_shard_reader_is_refused_by_name(tmp_pa
     writer = InputShardWriter(str(tmp_path))
     with pytest.raises(ValueError, match="'doc-7' has no _input_shard"):
         writer.write(Document(text="x", id="doc-7"), rank=0)
+
+
+def test_a_stem_names_the_shards_of_one_input(tmp_path):
+    shards = write(tmp_path, gsm8k_records(90), stem="part-00003")
+    assert [f["path"] for f in shards.files] == ["part-00003-00000.jsonl.gz", "part-00003-00001.jsonl.gz",
+                                                 "part-00003-00002.jsonl.gz"]
