@@ -59,12 +59,12 @@ def store_documents(store, key: str) -> Iterator[dict]:
                 yield orjson.loads(line)
 
 
-def my_shards(keys: list[str], rank: int, world_size: int) -> list[str]:
-    """This task's share of the input shards: every world_size-th from `rank` (datatrove's own split of files)."""
+def check_unique_names(keys: list[str]) -> list[str]:
+    """The keys, refused (before any task starts) when two would give outputs of the same name."""
     names = [shard_name(key) for key in keys]
     if len(set(names)) != len(names):
         raise ValueError(f"two input shards have the same name; outputs are named after them: {sorted(keys)}")
-    return keys[rank::world_size]
+    return list(keys)
 
 
 class PackShards(PipelineStep):
@@ -76,14 +76,14 @@ class PackShards(PipelineStep):
     def __init__(self, *, store, keys: list[str], tokenizer_file: str, eos_id: int, config: PackingConfig,
                  output_dir: str):
         super().__init__()
-        self.store, self.keys, self.tokenizer_file = store, list(keys), str(tokenizer_file)
+        self.store, self.keys, self.tokenizer_file = store, check_unique_names(keys), str(tokenizer_file)
         self.eos_id, self.config, self.output_dir = eos_id, config, str(output_dir)
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
         from tokenizers import Tokenizer  # loaded in the task (a Ray or Slurm worker), not pickled with the step
 
         tokenizer = Tokenizer.from_file(self.tokenizer_file)
-        for key in my_shards(self.keys, rank, world_size):
+        for key in self.keys[rank::world_size]:  # every world_size-th from rank: datatrove's own split of files
             with self.track_time(unit="shard"):
                 stats = pack_documents(store_documents(self.store, key), tokenizer, eos_id=self.eos_id,
                                        out_dir=Path(self.output_dir), config=self.config, shard=shard_name(key))
@@ -126,7 +126,8 @@ class SampleShards(PipelineStep):
 
     def __init__(self, *, store, sources: dict[str, list[str]], config: TokenizerConfig, output_dir: str):
         super().__init__()
-        self.store, self.sources, self.config, self.output_dir = store, dict(sources), config, str(output_dir)
+        self.store, self.config, self.output_dir = store, config, str(output_dir)
+        self.sources = {name: check_unique_names(keys) for name, keys in sources.items()}
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
         budget = source_budget(self.config, len(self.sources))

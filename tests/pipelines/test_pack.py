@@ -139,3 +139,10 @@ def test_a_packing_run_killed_after_some_tasks_reruns_only_the_rest(parts, tmp_p
     assert step_stats(run(), PackShards.name) == stats  # the merged counts of old and new tasks
     assert {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == whole
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*part-00003*")} == untouched  # task 3 did not run again
+
+
+def test_input_shards_of_the_same_name_are_refused_before_any_task(parts):
+    store, _, _ = parts
+    with pytest.raises(ValueError, match="same name"):
+        PackShards(store=store, keys=["a/part-00000.jsonl.gz", "b/part-00000.jsonl.gz"], tokenizer_file=str(GPT2),
+                   eos_id=EOS, config=PackingConfig(), output_dir="out")
