@@ -103,7 +103,7 @@ class PackedSource:
         self.manifest = manifest
         self.eos_id = int(section["eos_id"])
         self.vocab_size = int(section["vocab_size"])
-        listed = {entry["path"]: entry.get("bytes") for entry in manifest.get("files", [])}
+        listed = {entry["path"] for entry in manifest.get("files", [])}
         dtype = np.dtype(section["dtype"])
         self._shard_tokens: list[np.ndarray] = []
         self._shard_offsets: list[np.ndarray] = []
@@ -123,7 +123,8 @@ class PackedSource:
                     if actual != shard[f"{role}_sampled_sha256"]:
                         raise ValueError(f"source {name!r}: {path} has sampled sha256 {actual}, but the index "
                                          f"records {shard[f'{role}_sampled_sha256']}")
-            tokens, offsets = _map(self.folder / shard["tokens_file"], dtype), _map(self.folder / shard["offsets_file"], np.dtype(np.int64))
+            tokens = _map(self.folder / shard["tokens_file"], dtype)
+            offsets = _map(self.folder / shard["offsets_file"], np.dtype(np.int64))
             if len(tokens) != shard["tokens"] or len(offsets) - 1 != shard["documents"]:
                 raise ValueError(f"source {name!r}: {shard['tokens_file']} has {len(tokens)} tokens / "
                                  f"{len(offsets) - 1} documents on disk, the index says {shard['tokens']} / {shard['documents']}")
