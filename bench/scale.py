@@ -337,7 +337,7 @@ def main() -> None:
                     extra = f" (tokenizer trained in {r['tokenizer_seconds']:.2f} s)" if r["tokenizer_seconds"] else ""
                     print(f"  {scale}x {name:<16} {workers} worker(s): {r['documents']:>6} docs in {r['seconds']:7.2f} s "
                           f"({r['time_from']}) = {r['docs_per_s']:8.1f} docs/s, peak RSS {r['rss'] / 2**20:7.1f} MiB"
-                          f"{extra}", flush=True)
+                          f"{extra}, load {os.getloadavg()[0]:.1f}", flush=True)
         report(results, scales, args.tasks)
     finally:
         if args.keep:
@@ -371,6 +371,9 @@ def report(results: dict, scales: list[int], tasks: int) -> None:
         marginal = (dedup[1]["rss"] - dedup[0]["rss"]) / added if added > 0 else float("nan")
         print(f"dedup cluster step: {reported if reported is not None else 'no figure in the manifest'} bytes/document "
               f"(stage's own); peak RSS growth {marginal:.0f} bytes per added document (1 worker, {low}x -> {high}x)")
+    # Two workers can only be 2x faster on two free cores: the load says how free they were.
+    print(f"machine: {os.cpu_count()} CPUs, load average {' / '.join(f'{x:.1f}' for x in os.getloadavg())} "
+          "(1, 5, 15 min) at the end")
     print(f"ratio: {min(speedups):.2f}")
 
 
