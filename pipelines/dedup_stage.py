@@ -11,9 +11,10 @@ pipelines/dedup.py's; each phase is one step (pipelines/dedup_steps.py, dedup_cl
                   store or a path, never the whole corpus) and writes per shard signatures, band keys, text
                   hashes and ids;
   2. buckets      bucket units: one per band (and key range, when a band holds more than dedup.bucket_docs
-                  documents) and the exact hashes; tasks = executor.tasks_for(min(bucket units, input shards)),
-                  each taking every world_size-th unit (a band group). A unit's keys from every shard are sorted
-                  together: runs of equal keys are candidate pairs, verified with the signatures;
+                  documents) and the exact hashes; tasks = executor.tasks_for(one per BUCKET_TASK_DOCS documents,
+                  at most the input shards and the bucket units), each taking every world_size-th unit (a band
+                  group). A unit's keys from every shard are sorted together: runs of equal keys are candidate
+                  pairs, verified with the signatures;
   3. clusters     one task: union-find over document indices only (no text; bytes per document in
                   pipelines/dedup_clusters.py and the manifest's cluster_bytes_per_document);
   4. removal      tasks = executor.tasks_for(input shards): each task rewrites its shards.
@@ -48,7 +49,9 @@ from pipelines.dedup_steps import (
     write_atomic_text,
 )
 
-PHASES = ("signatures", "buckets", "clusters", "removal")
+# Documents per bucket task by default: a bucket phase over 250,000 documents takes about as long as starting a
+# worker pool (~1-2 s on 2 cores), so smaller corpora sort their buckets in one task.
+BUCKET_TASK_DOCS = 250_000
 
 
 @dataclass
@@ -123,8 +126,10 @@ def deduplicate(
     run("signatures", DedupSignatures(units, config, work_dir), tasks(len(units)))
     index = _write_unit_index(units, config, work_dir)
     buckets = bucket_units(config, index["partitions"])
-    # Bucket tasks: by default as many as input shards (a task each per band group), at most one per bucket unit.
-    bucket_tasks = max(1, min(executor.tasks_for(min(len(buckets), len(units))), len(buckets)))
+    # Bucket tasks, unless the executor sets a count: one per BUCKET_TASK_DOCS documents (below that a worker
+    # pool costs more than it saves), at most one per input shard and per bucket unit.
+    natural = min(len(buckets), len(units), math.ceil(index["documents"] / BUCKET_TASK_DOCS))
+    bucket_tasks = max(1, min(executor.tasks_for(natural), len(buckets)))
     counts = {"buckets": run("buckets", DedupBuckets(buckets, config, work_dir), bucket_tasks)}
     counts["clusters"] = run("clusters", DedupClusters(names, buckets, work_dir), 1)
     counts["removal"] = run("removal", DedupRemoval(units, work_dir, out_dir), tasks(len(units)))
