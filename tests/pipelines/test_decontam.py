@@ -206,3 +206,24 @@ def test_the_scan_in_tasks_gives_the_same_bytes_for_1_2_and_4_tasks_and_counts_e
                         DecontamConfig(action="cut"))
     cut = decontam_counts(stats, index.names)
     assert (cut["kept"], cut["cut"], cut["dropped"]) == (12, 2, {}) and cut["chars_cut"] > 100
+
+
+def test_parts_streamed_from_s3_give_the_bytes_of_the_same_parts_on_disk(tmp_path, index, pages, s3):
+    """The tasks read the parts through the store (moto S3 here, 2 worker processes that unpickle the S3 store),
+    streamed, never downloaded first: the outputs equal those of the same parts in a local store."""
+    from storage.objects import open_store
+
+    gsm8k = first_record(BENCH / "gsm8k_test.jsonl", skip=3)
+    docs = pages[:6] + [planted(pages[6], f"Homework help: {gsm8k['question']}", "dirty")] + pages[7:]
+    local, remote = LocalStore(tmp_path / "store"), open_store(f"s3://{s3.bucket}/root")
+    keys = []
+    for i in range(3):
+        path = write_part(tmp_path / "parts" / f"part-{i:05d}.jsonl.gz", docs[i * 4:(i + 1) * 4])
+        keys.append(f"dedup/web/part-{i:05d}.jsonl.gz")
+        local.put_file(keys[-1], path)
+        remote.put_file(keys[-1], path)
+    index.save(tmp_path / "index.npz")
+    expected, stats = run_scan(local, keys, tmp_path / "index.npz", tmp_path / "out-local", tmp_path / "logs-local", 1, 1)
+    files, s3_stats = run_scan(remote, keys, tmp_path / "index.npz", tmp_path / "out-s3", tmp_path / "logs-s3", 3, 2)
+    assert files == expected and "removed-00001.jsonl.gz" in files
+    assert decontam_counts(s3_stats, index.names) == decontam_counts(stats, index.names)
