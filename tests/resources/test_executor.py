@@ -47,6 +47,9 @@ def ray_cluster(tmp_path, monkeypatch):
     # into that); with "clusters" off it keeps the loopback address, so nothing leaves 127.0.0.1. The
     # variable is for `ray start` and its workers; the attribute for this process, where Ray may be imported.
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    # Ray turns token authentication on by itself when ~/.ray/auth_token exists (any earlier Ray session may
+    # have left one): the cluster would then refuse a driver that sends none. Say what this test cluster uses.
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     ray_constants = pytest.importorskip("ray._private.ray_constants")
     monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
     port = free_port()

@@ -114,7 +114,7 @@ def test_a_clean_document_survives_every_stage_unchanged(tmp_path, monkeypatch, 
         assert stages[stage][CLEAN_ID]["text"] == clean, stage  # byte-identical at every stage
 
     # The near-copy goes at dedup, in the original's cluster; the contaminated page at decontamination.
-    dedup_removed = read_docs(store, metadata("curation/deduplicated")["prefix"], f"{SOURCE}/removed.jsonl.gz")
+    dedup_removed = read_docs(store, metadata("curation/deduplicated")["prefix"], f"{SOURCE}/removed-*.jsonl.gz")
     assert "zz-near-copy" in stages["filtered"] and "zz-near-copy" not in stages["deduplicated"]
     assert dedup_removed["zz-near-copy"]["metadata"]["dup_cluster"] == f"{SOURCE}/guardian-1"
     assert "guardian-1" in stages["deduplicated"]
