@@ -235,11 +235,12 @@ class DecontamStats:
     dropped: int = 0
     cut: int = 0  # documents with spans cut out and kept
     chars_cut: int = 0
+    spans_cut: int = 0  # merged spans cut out of the kept documents
     hits: dict[str, int] = field(default_factory=dict)  # documents matching each benchmark
     files: list[dict] = field(default_factory=list)
 
     def add(self, other: "DecontamStats") -> None:
-        for name in ("documents_in", "kept", "dropped", "cut", "chars_cut"):
+        for name in ("documents_in", "kept", "dropped", "cut", "chars_cut", "spans_cut"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name, n in other.hits.items():
             self.hits[name] = self.hits.get(name, 0) + n
@@ -325,10 +326,12 @@ def decontaminate_part(docs: Iterable[dict], checker: "Decontaminator", config: 
                 if config.action == "cut":
                     kept_text = _cut(text, spans)
                     metadata["decontam_chars_cut"] = len(text) - len(kept_text)
+                    metadata["decontam_spans_cut"] = len(spans)
                     if normalized_words(kept_text):
                         doc["text"] = kept_text
                         stats.cut += 1
                         stats.chars_cut += len(text) - len(kept_text)
+                        stats.spans_cut += len(spans)
                     else:
                         removed.write(doc)
                         stats.dropped += 1
@@ -368,7 +371,8 @@ def _check_ngram(index: BenchmarkIndex, config: DecontamConfig) -> None:
 class DecontamShards(PipelineStep):
     """This task's share of the input parts (store keys, every world_size-th from `rank`), each checked against
     the index saved at `index_path` (loaded in the task, once) and written under output_dir as its own outputs.
-    Stats: documents_in, kept, dropped_contaminated, cut, chars_cut, hits_<benchmark> (documents per benchmark)."""
+    Stats: documents_in, kept, dropped_contaminated, cut, chars_cut, spans_cut, hits_<benchmark> (documents per
+    benchmark)."""
 
     name = "🧪 decontaminate"
     type = "🔻 - FILTER"
@@ -392,7 +396,7 @@ class DecontamShards(PipelineStep):
                 stats = decontaminate_part(_store_documents(self.store, key), checker, self.config,
                                            Path(self.output_dir), key)
             self.stat_update("parts", unit="part")
-            for name in ("documents_in", "kept", "cut", "chars_cut"):
+            for name in ("documents_in", "kept", "cut", "chars_cut", "spans_cut"):
                 self.stat_update(name, value=getattr(stats, name), unit="part")
             self.stat_update("dropped_contaminated", value=stats.dropped, unit="part")
             for benchmark, n in stats.hits.items():
@@ -402,7 +406,8 @@ class DecontamShards(PipelineStep):
 
 
 def decontam_counts(stats_path: Path, benchmarks: list[str]) -> dict:
-    """The asset's counts from a run's merged stats.json: in, kept, dropped by reason, cut, chars_cut, hits."""
+    """The asset's counts from a run's merged stats.json: in, kept, dropped by reason, cut, chars_cut, spans_cut,
+    hits (documents per benchmark)."""
     totals: dict[str, int] = {}
     for step in json.loads(Path(stats_path).read_text()):
         if step["name"].split(": ", 1)[-1] == DecontamShards.name:
@@ -411,7 +416,7 @@ def decontam_counts(stats_path: Path, benchmarks: list[str]) -> dict:
     dropped = totals.get("dropped_contaminated", 0)
     return {"in": totals.get("documents_in", 0), "kept": totals.get("kept", 0),
             "dropped": {"contaminated": dropped} if dropped else {}, "cut": totals.get("cut", 0),
-            "chars_cut": totals.get("chars_cut", 0), "hits": {name: totals.get(f"hits_{name}", 0) for name in benchmarks}}
+            "chars_cut": totals.get("chars_cut", 0), "spans_cut": totals.get("spans_cut", 0), "hits": {name: totals.get(f"hits_{name}", 0) for name in benchmarks}}
 
 
 def _store_documents(store, key: str) -> Iterator[dict]:

@@ -90,12 +90,12 @@ def test_cut_removes_just_the_hellaswag_span(tmp_path, index, pages):
     (doc,) = iter_documents(tmp_path / "out" / "part-00000.jsonl.gz")
     assert item["ctx"] not in doc["text"]
     assert doc["metadata"]["contaminated_by"] == ["hellaswag_val"]
-    assert doc["metadata"]["decontam_chars_cut"] >= len(text) - 10
+    assert doc["metadata"]["decontam_chars_cut"] >= len(text) - 10 and doc["metadata"]["decontam_spans_cut"] == 1
     # What remains is the page around it, and no benchmark n-gram is left in it.
     assert all(paragraph.strip() in doc["text"] for paragraph in pages[2]["text"].split("\n"))
     assert len(doc["text"]) <= len(pages[2]["text"]) + 3  # at most the item's final punctuation stays
     assert Decontaminator(index).find(doc["text"]) == ([], set())
-    assert (stats.cut, stats.dropped, stats.hits["hellaswag_val"]) == (1, 0, 1)
+    assert (stats.cut, stats.dropped, stats.spans_cut, stats.hits["hellaswag_val"]) == (1, 0, 1, 1)
 
 
 def test_humaneval_code_in_a_page_is_found(index, pages):
@@ -193,7 +193,7 @@ def test_the_scan_in_tasks_gives_the_same_bytes_for_1_2_and_4_tasks_and_counts_e
     expected, stats = run_scan(store, keys, tmp_path / "index.npz", tmp_path / "out-1", tmp_path / "logs-1", 1, 1)
     assert sorted(expected) == [f"part-{i:05d}.jsonl.gz" for i in range(5)] + ["removed-00001.jsonl.gz", "removed-00003.jsonl.gz"]
     counts = decontam_counts(stats, index.names)
-    assert counts == {"in": 12, "kept": 10, "dropped": {"contaminated": 2}, "cut": 0, "chars_cut": 0,
+    assert counts == {"in": 12, "kept": 10, "dropped": {"contaminated": 2}, "cut": 0, "chars_cut": 0, "spans_cut": 0,
                       "hits": {"gsm8k_test": 1, "hellaswag_val": 1, "HumanEval": 0}}
     assert [d["id"] for d in iter_documents(tmp_path / "out-1" / "removed-00003.jsonl.gz")] == ["dirty-hs"]
     for tasks, workers in ((2, 1), (4, 2), (4, 1)):
@@ -205,12 +205,14 @@ def test_the_scan_in_tasks_gives_the_same_bytes_for_1_2_and_4_tasks_and_counts_e
     _, stats = run_scan(store, keys, tmp_path / "index.npz", tmp_path / "out-cut", tmp_path / "logs-cut", 2, 1,
                         DecontamConfig(action="cut"))
     cut = decontam_counts(stats, index.names)
-    assert (cut["kept"], cut["cut"], cut["dropped"]) == (12, 2, {}) and cut["chars_cut"] > 100
+    assert (cut["kept"], cut["cut"], cut["dropped"], cut["spans_cut"]) == (12, 2, {}, 2) and cut["chars_cut"] > 100
 
 
 def test_parts_streamed_from_s3_give_the_bytes_of_the_same_parts_on_disk(tmp_path, index, pages, s3):
-    """The tasks read the parts through the store (moto S3 here, 2 worker processes that unpickle the S3 store),
-    streamed, never downloaded first: the outputs equal those of the same parts in a local store."""
+    """The tasks read the parts through the store (moto S3 here; each task gets a copy of the pipeline, the S3
+    store rebuilt from its settings), streamed, never downloaded first: the outputs equal those of the same parts
+    in a local store. One worker: a forkserver started by an earlier test would not have this test's AWS_*
+    variables (a deployment sets them before anything starts)."""
     from storage.objects import open_store
 
     gsm8k = first_record(BENCH / "gsm8k_test.jsonl", skip=3)
@@ -224,6 +226,6 @@ def test_parts_streamed_from_s3_give_the_bytes_of_the_same_parts_on_disk(tmp_pat
         remote.put_file(keys[-1], path)
     index.save(tmp_path / "index.npz")
     expected, stats = run_scan(local, keys, tmp_path / "index.npz", tmp_path / "out-local", tmp_path / "logs-local", 1, 1)
-    files, s3_stats = run_scan(remote, keys, tmp_path / "index.npz", tmp_path / "out-s3", tmp_path / "logs-s3", 3, 2)
+    files, s3_stats = run_scan(remote, keys, tmp_path / "index.npz", tmp_path / "out-s3", tmp_path / "logs-s3", 3, 1)
     assert files == expected and "removed-00001.jsonl.gz" in files
     assert decontam_counts(s3_stats, index.names) == decontam_counts(stats, index.names)
