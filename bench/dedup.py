@@ -37,7 +37,8 @@ import zipfile  # noqa: E402
 import orjson  # noqa: E402
 
 from pipelines.dedup import DedupConfig, normalized_words  # noqa: E402
-from pipelines.dedup_stage import LocalRunner, deduplicate  # noqa: E402
+from pipelines.dedup_stage import deduplicate  # noqa: E402
+from pipelines.runner import LocalRunner  # noqa: E402
 from pipelines.shards import iter_documents  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -6,7 +6,8 @@
 writes out/<source>/part-<shard>.jsonl.gz (kept documents, input order) and out/<source>/removed-<shard>.jsonl.gz
 (removed documents, with metadata.dedup_reason) for every input shard, and returns DedupStats. The algorithm is
 pipelines/dedup.py's; each phase is one step (pipelines/dedup_steps.py, dedup_clusters.py) run by `executor`
-(resources/executor.py's ExecutorResource, or LocalRunner here) in its own logging folder, work/logs/<phase>:
+(resources/executor.py's ExecutorResource, or pipelines/runner.py's LocalRunner) in its own logging folder,
+work/logs/<phase>:
   1. signatures   tasks = executor.tasks_for(input shards): each task reads its own shards (streamed from the
                   store or a path, never the whole corpus) and writes per shard signatures, band keys, text
                   hashes and ids;
@@ -31,13 +32,13 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 from pipelines.dedup import DedupConfig
+from pipelines.runner import LocalRunner, stat_totals
 from pipelines.dedup_clusters import DedupClusters, DedupRemoval
 from pipelines.dedup_steps import (
     DedupBuckets,
@@ -72,32 +73,6 @@ class DedupStats:
         return sum(self.removed.values())
 
 
-class LocalRunner:
-    """datatrove's LocalPipelineExecutor, resuming in its logging folder: the engine's own executor, with the
-    run()/tasks_for() of resources/executor.py's ExecutorResource (which the asset passes instead)."""
-
-    def __init__(self, workers: int = 1, tasks: int | None = None):
-        self.workers, self.tasks = workers, tasks
-
-    def tasks_for(self, default: int) -> int:
-        return self.tasks if self.tasks is not None else max(1, default)
-
-    def run(self, pipeline: list, *, logging_dir: Path, tasks: int) -> Path:
-        from datatrove.executor import LocalPipelineExecutor
-        from datatrove.utils.stats import PipelineStats
-
-        LocalPipelineExecutor(pipeline, tasks=tasks, workers=min(self.workers, tasks), logging_dir=str(logging_dir),
-                              skip_completed=True).run()
-        # datatrove's stats.json sums only the tasks this run ran; the phase's counts need every task's.
-        total = PipelineStats()
-        for rank in range(tasks):
-            total += PipelineStats.from_json(json.loads((Path(logging_dir) / "stats" / f"{rank:05d}.json").read_text()))
-        path = Path(logging_dir) / "stats.json"
-        with open(path, "w") as f:
-            total.save_to_disk(f)
-        return path
-
-
 def deduplicate(
     *,
     sources: Sequence[tuple[str, Sequence[Shard | Path | str]]],
@@ -121,7 +96,7 @@ def deduplicate(
         return max(1, min(executor.tasks_for(natural), natural))
 
     def run(phase: str, step, tasks: int) -> Path:
-        return _run_phase(executor, step, work_dir / "logs" / phase, tasks)
+        return executor.run([step], logging_dir=work_dir / "logs" / phase, tasks=tasks)
 
     run("signatures", DedupSignatures(units, config, work_dir), tasks(len(units)))
     index = _write_unit_index(units, config, work_dir)
@@ -135,18 +110,6 @@ def deduplicate(
     counts["removal"] = run("removal", DedupRemoval(units, work_dir, out_dir), tasks(len(units)))
     totals = {phase: stat_totals(path) for phase, path in counts.items()}
     return _stats(names, units, work_dir, totals, index["documents"])
-
-
-def _run_phase(executor, step, logging_dir: Path, tasks: int) -> Path:
-    """One phase on the executor, resuming in logging_dir. Completion markers and stats are per rank, and a rank's
-    units depend on the task count: a phase left by a run with another task count starts over (its files are
-    rewritten with the same bytes), rather than skip ranks that did other units and sum stale stats."""
-    record = logging_dir.with_name(f"{logging_dir.name}.tasks")
-    if logging_dir.exists() and (not record.is_file() or record.read_text() != str(tasks)):
-        shutil.rmtree(logging_dir)
-    logging_dir.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(str(tasks))
-    return executor.run([step], logging_dir=logging_dir, tasks=tasks)
 
 
 def _check_unique_outputs(units: list[Shard]) -> None:
@@ -174,19 +137,6 @@ def _write_unit_index(units: list[Shard], config: DedupConfig, work_dir: Path) -
     index = {"documents": offset, "partitions": max(1, math.ceil(offset / config.bucket_docs)), "units": rows}
     write_atomic_text(work_dir / "units.json", json.dumps(index))
     return index
-
-
-def stat_totals(stats_path: Path) -> Counter:
-    """{stat name: total} over every step of a merged stats.json (a value is a number or a {"total": ...})."""
-    totals: Counter = Counter()
-    for step in json.loads(Path(stats_path).read_text()):
-        for key, value in step["stats"].items():
-            if isinstance(value, dict):
-                if "total" in value:
-                    totals[key] += value["total"]
-            else:
-                totals[key] += value
-    return totals
 
 
 def _stats(names: list[str], units: list[Shard], work_dir: Path, totals: dict[str, Counter], documents: int) -> DedupStats:

@@ -21,7 +21,6 @@ per-language table and a document whose language has no list skips that one rule
 from __future__ import annotations
 
 import ipaddress
-import json
 import re
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -53,6 +52,7 @@ from pipelines.filter_config import (  # noqa: F401,E402  (re-exported: the sett
     FilterConfig,
 )
 from pipelines.quality_model import QualityScorer
+from pipelines.runner import stat_totals
 from pipelines.shards import InputShardReader, InputShardWriter
 
 _WORD = re.compile(r"\w+")
@@ -397,24 +397,15 @@ def filter_pipeline(config: FilterConfig, *, input_dir: Path, output_dir: Path, 
 
 
 def filter_counts(logging_dir: Path) -> dict:
-    """{"in", "kept", "dropped": {reason: n}, "pii": {type: n}, "scrubbed_documents"} from a run's stats.json.
-
-    Step names in stats.json read "<type>: <name>" ("📖 - READER: 🐿 Jsonl"); a value is a number or a
-    {"total": ...} summary. Drops come from every filter's `dropped_<reason>` stats (all our steps give one)."""
-    stats = json.loads((Path(logging_dir) / "stats.json").read_text())
-    counts: dict = {"in": 0, "kept": 0, "dropped": {}, "pii": {}, "scrubbed_documents": 0}
-    for step in stats:
-        kind, values = step["name"].split(":", 1)[0], step["stats"]
-        totals = {key: int(v["total"] if isinstance(v, dict) else v) for key, v in values.items()
-                  if not isinstance(v, dict) or "total" in v}
-        if "READER" in kind:
-            counts["in"] += totals.get("documents", 0)
-        elif "WRITER" in kind:
-            counts["kept"] += totals.get("total", 0)
-        for key, n in totals.items():
-            if key.startswith("dropped_"):
-                counts["dropped"][key[len("dropped_"):]] = counts["dropped"].get(key[len("dropped_"):], 0) + n
-            elif key.startswith("pii_"):
-                counts["pii"][key[len("pii_"):]] = counts["pii"].get(key[len("pii_"):], 0) + n
-        counts["scrubbed_documents"] += totals.get("documents_scrubbed", 0)
-    return counts
+    """{"in", "kept", "dropped": {reason: n}, "pii": {type: n}, "scrubbed_documents"} from a run's stats.json:
+    documents read and written by the reader and writer, drops from every filter's `dropped_<reason>` stats (all
+    our steps give one), PII from the scrubber's."""
+    stats_path = Path(logging_dir) / "stats.json"
+    totals = stat_totals(stats_path)
+    return {
+        "in": int(stat_totals(stats_path, step=InputShardReader.name)["documents"]),
+        "kept": int(stat_totals(stats_path, step=InputShardWriter.name)["total"]),
+        "dropped": {key[len("dropped_"):]: int(n) for key, n in totals.items() if key.startswith("dropped_")},
+        "pii": {key[len("pii_"):]: int(n) for key, n in totals.items() if key.startswith("pii_")},
+        "scrubbed_documents": int(totals["documents_scrubbed"]),
+    }

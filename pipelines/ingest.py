@@ -42,6 +42,7 @@ from datatrove.pipeline.base import PipelineStep
 from pipelines.extraction import ExtractionTimeout, decode_text, extract_main_text
 from pipelines.inputs import Input, as_input, input_name
 from pipelines.readers import FORMATS, InputRecord, ReaderConfig, read_inputs, shorten
+from pipelines.runner import LocalRunner, stat_totals
 from pipelines.shards import GzipLines, ShardWriter
 
 SHARD_COMPRESSLEVEL = 3  # ~2x faster than 6 for ~10% larger shards: they are intermediate data
@@ -182,12 +183,7 @@ def ingest_pipeline(*, name: str, inputs: list, format: str, reader: ReaderConfi
 
 def ingest_stats(stats_path, *, logging_dir, inputs: int) -> IngestStats:
     """The counts of a finished run, from its merged stats.json, and its files, from the per-input listings."""
-    steps = json.loads(Path(stats_path).read_text())
-    step = next((s for s in steps if s["name"].endswith(IngestStep.name)), None)
-    if step is None:
-        raise ValueError(f"{stats_path}: no stats of the ingest step (steps: {[s['name'] for s in steps]})")
-    totals = {key: int(v["total"] if isinstance(v, dict) else v) for key, v in step["stats"].items()
-              if not isinstance(v, dict) or "total" in v}
+    totals = {key: int(n) for key, n in stat_totals(stats_path, step=IngestStep.name).items()}
     stats = IngestStats(records=totals.get("records", 0), documents=totals.get("documents", 0),
                         bytes_in=totals.get("bytes_in", 0))
     stats.skipped = {k[len("skipped_"):]: n for k, n in sorted(totals.items()) if k.startswith("skipped_")}
@@ -231,7 +227,7 @@ def ingest_source(
     workers: int = 1,
     logging_dir=None,
 ) -> IngestStats:
-    """The whole stage on this machine (datatrove's LocalPipelineExecutor) into an empty out_dir; see the module doc.
+    """The whole stage on this machine (pipelines/runner.py's LocalRunner) into an empty out_dir; see the module doc.
     Without a logging_dir, the run's logs go to a temporary folder."""
     if format not in FORMATS:
         raise ValueError(f"source {name!r}: format {format!r} is not one of {FORMATS}")
@@ -246,13 +242,10 @@ def ingest_source(
         with tempfile.TemporaryDirectory(prefix="ingest-logs-") as logs:
             return ingest_source(name=name, inputs=inputs, format=format, reader=reader, out_dir=out_dir,
                                  tasks=tasks, workers=workers, logging_dir=logs)
-    from datatrove.executor import LocalPipelineExecutor
-
     steps = ingest_pipeline(name=name, inputs=inputs, format=format, reader=reader, out_dir=out_dir,
                             logging_dir=logging_dir)
-    LocalPipelineExecutor(steps, tasks=tasks, workers=min(workers, tasks), logging_dir=str(logging_dir),
-                          skip_completed=False).run()
-    stats = ingest_stats(Path(logging_dir) / "stats.json", logging_dir=logging_dir, inputs=len(inputs))
+    stats_path = LocalRunner(workers=workers).run(steps, logging_dir=Path(logging_dir), tasks=tasks)
+    stats = ingest_stats(stats_path, logging_dir=logging_dir, inputs=len(inputs))
     check_bad_fraction(stats, name=name, reader=reader, out_dir=out_dir)
     return stats
 

@@ -20,19 +20,16 @@ units, never after a task's rank, so the task count changes how the work is spre
 Tasks: a stage passes its natural count (`tasks_for(default)`: e.g. one task per input file); the resource's
 `tasks` setting (PRETRAIN_EXECUTOR_TASKS) overrides it for every stage, which is how a cluster run asks for more.
 
-Resume: a task that finished leaves datatrove's completion marker (logging_dir/completions/NNNNN) and its stats
-(logging_dir/stats/NNNNN.json). A run in a logging folder that has them runs only the tasks without one, then
-merges the stats of every task, old and new, so a stage killed half-way and materialized again does the rest
-and reports the counts of the whole. A folder left by a run with another task count starts over (the markers
-would name other shares of the input). `run` returns only when every task has completed, else raises: a stage
-commits its output only after that.
+Resume (pipelines/runner.py, the same for every kind): a run in a logging folder where some tasks completed runs
+only the others, then merges the stats of every task, so a stage killed half-way and materialized again does
+the rest and reports the counts of the whole. `run` returns only when every task has completed, else raises: a
+stage commits its output only after that.
 `ExecutorResource.from_env()` is the environment mapping that definitions.py uses (PRETRAIN_EXECUTOR, ...):
 pydantic validates the variables (ExecutorEnvironment), as it does the recipe and the trainer's run.json.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -43,6 +40,8 @@ from pathlib import Path
 from typing import Literal, Mapping, get_args
 
 from dagster import ConfigurableResource
+
+from pipelines.runner import LocalRunner, run_resumable
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 Kind = Literal["local", "ray", "slurm"]
@@ -141,27 +140,16 @@ class ExecutorResource(ConfigurableResource):
             raise ValueError(f"executor: tasks must be >= 1, got {tasks}")
         self.validate()
         logging_dir = Path(logging_dir)
-        done = _completed_ranks(logging_dir, tasks)
-        if done:
-            print(f"executor ({self.kind}): {len(done)} of {tasks} tasks already completed in {logging_dir}; "
-                  f"running the other {tasks - len(done)}", file=sys.stderr)
-        if len(done) < tasks:
-            if self.kind == "local":
-                from datatrove.executor import LocalPipelineExecutor
+        if self.kind == "local":
+            return LocalRunner(workers=self.workers).run(pipeline, logging_dir=logging_dir, tasks=tasks)
 
-                LocalPipelineExecutor(pipeline, tasks=tasks, workers=min(self.workers, tasks - len(done)),
-                                      logging_dir=str(logging_dir), skip_completed=True).run()
-            elif self.kind == "ray":
+        def launch() -> None:  # the incomplete tasks, on the cluster
+            if self.kind == "ray":
                 self._run_on_ray(self.ray_executor(pipeline, logging_dir=logging_dir, tasks=tasks))
-            elif self.kind == "slurm":
-                self._run_on_slurm(self.slurm_executor(pipeline, logging_dir=logging_dir, tasks=tasks), logging_dir)
-            else:  # pragma: no cover - pydantic refuses other kinds
-                raise ValueError(f"executor: unknown kind {self.kind!r}")
-        missing = sorted(set(range(tasks)) - _completed_ranks(logging_dir, tasks))
-        if missing:
-            raise RuntimeError(f"executor ({self.kind}): tasks {missing[:10]} of {tasks} did not complete; see the "
-                               f"task logs in {logging_dir}/logs (materializing again runs only those)")
-        return _merge_stats(logging_dir, tasks)
+            else:
+                self._run_on_slurm(self.slurm_executor(pipeline, logging_dir=logging_dir, tasks=tasks))
+
+        return run_resumable(launch, logging_dir=logging_dir, tasks=tasks, label=self.kind)
 
     # -- Ray ---------------------------------------------------------------------------------------------------
     def ray_executor(self, pipeline: list, *, logging_dir: str | Path, tasks: int):
@@ -219,7 +207,7 @@ class ExecutorResource(ConfigurableResource):
             skip_completed=True,
         )
 
-    def _run_on_slurm(self, executor, logging_dir: Path) -> None:
+    def _run_on_slurm(self, executor) -> None:
         if shutil.which("sbatch") is None:
             raise RuntimeError("executor (slurm): sbatch is not on PATH; run from a Slurm login node, or set kind 'local'")
         executor.run()  # sbatch: the job array (only the incomplete tasks)
@@ -234,31 +222,3 @@ def _squeue_has(job_id) -> bool:
     # squeue exits non-zero with "Invalid job id" once a finished job has been purged from its memory.
     return result.returncode == 0 and bool(result.stdout.strip())
 
-
-def _completed_ranks(logging_dir: Path, tasks: int) -> set[int]:
-    """The ranks whose completion marker and stats a previous run in logging_dir left, for this task count.
-    A folder used with another task count is cleared first: its markers name other shares of the input."""
-    record = logging_dir / "tasks"
-    if record.is_file() and record.read_text().strip() != str(tasks):
-        for name in ("completions", "stats", "stats.json"):
-            path = logging_dir / name
-            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-    logging_dir.mkdir(parents=True, exist_ok=True)
-    record.write_text(f"{tasks}\n")
-    completions, stats = logging_dir / "completions", logging_dir / "stats"
-    return {rank for rank in range(tasks)
-            if (completions / f"{rank:05d}").is_file() and (stats / f"{rank:05d}.json").is_file()}
-
-
-def _merge_stats(logging_dir: Path, tasks: int) -> Path:
-    """stats.json: the sum of every task's stats/NNNNN.json, in rank order (datatrove's own merge covers only the
-    tasks of its last call)."""
-    from datatrove.utils.stats import PipelineStats
-
-    total = PipelineStats()
-    for rank in range(tasks):
-        total += PipelineStats.from_json(json.loads((logging_dir / "stats" / f"{rank:05d}.json").read_text()))
-    path = logging_dir / "stats.json"
-    with open(path, "w") as f:
-        total.save_to_disk(f)
-    return path

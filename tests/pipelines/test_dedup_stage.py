@@ -10,7 +10,8 @@ import pytest
 from datatrove.pipeline.base import PipelineStep
 
 from pipelines.dedup import DedupConfig
-from pipelines.dedup_stage import LocalRunner, deduplicate
+from pipelines.dedup_stage import deduplicate
+from pipelines.runner import LocalRunner
 from pipelines.dedup_steps import Shard
 from pipelines.shards import iter_documents
 from tests.pipelines.test_dedup import c4_docs, edit_words, write_part  # noqa: F401  (c4_docs: a fixture)

@@ -1,0 +1,113 @@
+"""Running a stage's datatrove steps as N tasks that resume: the part of an executor that is the same on every
+kind, and the local runner the engines' own tests and benches use.
+
+    stats_path = LocalRunner(workers=2).run(steps, logging_dir=Path("logs/filter"), tasks=8)
+    totals = stat_totals(stats_path)          # {"documents": 1234, "dropped_language": 56, ...}
+
+A task that finished leaves datatrove's completion marker (logging_dir/completions/NNNNN) and its stats
+(logging_dir/stats/NNNNN.json). `run_resumable` runs only the tasks without both, then merges the stats of every
+task, old and new, into logging_dir/stats.json: a stage killed half-way and run again does the rest and reports
+the counts of the whole. A folder left by a run with another task count starts over (its markers name other
+shares of the input). It raises unless every task completed, so a stage commits nothing half-done.
+resources/executor.py runs the same sequence on Ray and Slurm; this module imports no Dagster.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Callable
+
+
+def run_resumable(launch: Callable[[], None], *, logging_dir: Path, tasks: int, label: str = "local") -> Path:
+    """Call `launch()` (which runs the pipeline's incomplete tasks with skip_completed) unless every task has
+    completed already; return the merged stats.json of all `tasks`. Raises naming the tasks that did not finish."""
+    if tasks < 1:
+        raise ValueError(f"executor: tasks must be >= 1, got {tasks}")
+    logging_dir = Path(logging_dir)
+    done = completed_ranks(logging_dir, tasks)
+    if done:
+        print(f"executor ({label}): {len(done)} of {tasks} tasks already completed in {logging_dir}; "
+              f"running the other {tasks - len(done)}", file=sys.stderr)
+    if len(done) < tasks:
+        launch()
+    missing = sorted(set(range(tasks)) - completed_ranks(logging_dir, tasks))
+    if missing:
+        raise RuntimeError(f"executor ({label}): tasks {missing[:10]} of {tasks} did not complete; see the task "
+                           f"logs in {logging_dir}/logs (running again runs only those)")
+    return merge_stats(logging_dir, tasks)
+
+
+def completed_ranks(logging_dir: Path, tasks: int) -> set[int]:
+    """The ranks whose completion marker and stats a previous run in logging_dir left, for this task count.
+    A folder used with another task count is cleared first: its markers name other shares of the input."""
+    logging_dir = Path(logging_dir)
+    record = logging_dir / "tasks"
+    if record.is_file() and record.read_text().strip() != str(tasks):
+        for name in ("completions", "stats", "stats.json"):
+            path = logging_dir / name
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    logging_dir.mkdir(parents=True, exist_ok=True)
+    record.write_text(f"{tasks}\n")
+    completions, stats = logging_dir / "completions", logging_dir / "stats"
+    return {rank for rank in range(tasks)
+            if (completions / f"{rank:05d}").is_file() and (stats / f"{rank:05d}.json").is_file()}
+
+
+def merge_stats(logging_dir: Path, tasks: int) -> Path:
+    """stats.json: the sum of every task's stats/NNNNN.json, in rank order (datatrove's own merge covers only the
+    tasks of its last call)."""
+    from datatrove.utils.stats import PipelineStats
+
+    total = PipelineStats()
+    for rank in range(tasks):
+        total += PipelineStats.from_json(json.loads((Path(logging_dir) / "stats" / f"{rank:05d}.json").read_text()))
+    path = Path(logging_dir) / "stats.json"
+    with open(path, "w") as f:
+        total.save_to_disk(f)
+    return path
+
+
+def stat_totals(stats_path: Path, step: str | None = None) -> Counter:
+    """{stat name: total} from a merged stats.json, over every step or the one whose name ends with `step`.
+    Step names read "<type>: <name>" ("📖 - READER: 🐿 Jsonl"); a value is a number or a {"total": ...} summary."""
+    totals: Counter = Counter()
+    steps = json.loads(Path(stats_path).read_text())
+    if step is not None:
+        steps = [s for s in steps if s["name"].endswith(step)]
+        if not steps:
+            raise ValueError(f"{stats_path}: no stats of the step {step!r}")
+    for entry in steps:
+        for key, value in entry["stats"].items():
+            if isinstance(value, dict):
+                if "total" in value:
+                    totals[key] += value["total"]
+            else:
+                totals[key] += value
+    return totals
+
+
+class LocalRunner:
+    """datatrove's LocalPipelineExecutor through run_resumable: `workers` tasks at once (1: in this process), for
+    `tasks` tasks per stage when set, else each stage's own count. The run()/tasks_for() of ExecutorResource,
+    for engine code and tests that run without Dagster."""
+
+    def __init__(self, workers: int = 1, tasks: int | None = None):
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.workers, self.tasks = workers, tasks
+
+    def tasks_for(self, default: int) -> int:
+        return self.tasks if self.tasks is not None else max(1, int(default))
+
+    def run(self, pipeline: list, *, logging_dir: Path, tasks: int) -> Path:
+        from datatrove.executor import LocalPipelineExecutor
+
+        def launch() -> None:
+            LocalPipelineExecutor(pipeline, tasks=tasks, workers=min(self.workers, tasks),
+                                  logging_dir=str(logging_dir), skip_completed=True).run()
+
+        return run_resumable(launch, logging_dir=logging_dir, tasks=tasks)
