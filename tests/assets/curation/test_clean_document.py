@@ -121,7 +121,7 @@ def test_a_clean_document_survives_every_stage_unchanged(tmp_path, monkeypatch, 
     decontam = metadata(f"curation/{SOURCE}/decontaminated")
     assert "zz-contaminated" in stages["deduplicated"] and "zz-contaminated" not in stages["decontaminated"]
     assert decontam["dropped"] == 1 and decontam["hits_per_benchmark"] == {"gsm8k_test": 1}
-    removed = read_docs(store, decontam["prefix"], "removed.jsonl.gz")
+    removed = read_docs(store, decontam["prefix"], "removed-*.jsonl.gz")
     assert removed["zz-contaminated"]["metadata"]["contaminated_by"] == ["gsm8k_test"]
 
     # Planted PII is replaced by typed placeholders in the filtered output and stays so downstream.
