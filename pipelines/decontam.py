@@ -372,18 +372,21 @@ class DecontamShards(PipelineStep):
     """This task's share of the input parts (store keys, every world_size-th from `rank`), each checked against
     the index saved at `index_path` (loaded in the task, once) and written under output_dir as its own outputs.
     Stats: documents_in, kept, dropped_contaminated, cut, chars_cut, spans_cut, hits_<benchmark> (documents per
-    benchmark)."""
+    benchmark). With `records_dir`, each part's files and record counts go to records_dir/<part>.json as well
+    (`written_files` gathers them), so the stage lists its output without reading it back."""
 
     name = "🧪 decontaminate"
     type = "🔻 - FILTER"
 
-    def __init__(self, *, store, keys: list[str], index_path: str, config: DecontamConfig, output_dir: str):
+    def __init__(self, *, store, keys: list[str], index_path: str, config: DecontamConfig, output_dir: str,
+                 records_dir: str | None = None):
         super().__init__()
         names = [output_names(key)[0] for key in keys]
         if len(set(names)) != len(names):
             raise ValueError(f"decontamination: two input parts have the same name; outputs are named after them: {keys}")
         self.store, self.keys, self.index_path = store, list(keys), str(index_path)
         self.config, self.output_dir = config, str(output_dir)
+        self.records_dir = str(records_dir) if records_dir else None
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
         mine = self.keys[rank::world_size]
@@ -395,6 +398,10 @@ class DecontamShards(PipelineStep):
             with self.track_time(unit="part"):
                 stats = decontaminate_part(_store_documents(self.store, key), checker, self.config,
                                            Path(self.output_dir), key)
+            if self.records_dir:
+                record = Path(self.records_dir) / f"{output_names(key)[0].removesuffix('.jsonl.gz')}.json"
+                record.parent.mkdir(parents=True, exist_ok=True)
+                record.write_text(json.dumps(stats.files))
             self.stat_update("parts", unit="part")
             for name in ("documents_in", "kept", "cut", "chars_cut", "spans_cut"):
                 self.stat_update(name, value=getattr(stats, name), unit="part")
@@ -417,6 +424,14 @@ def decontam_counts(stats_path: Path, benchmarks: list[str]) -> dict:
     return {"in": totals.get("documents_in", 0), "kept": totals.get("kept", 0),
             "dropped": {"contaminated": dropped} if dropped else {}, "cut": totals.get("cut", 0),
             "chars_cut": totals.get("chars_cut", 0), "spans_cut": totals.get("spans_cut", 0), "hits": {name: totals.get(f"hits_{name}", 0) for name in benchmarks}}
+
+
+def written_files(records_dir: Path, keys: list[str]) -> list[dict]:
+    """[{path, records}] of every output file the parts of `keys` gave, sorted by path (DecontamShards' records)."""
+    files = []
+    for key in keys:
+        files += json.loads((Path(records_dir) / f"{output_names(key)[0].removesuffix('.jsonl.gz')}.json").read_text())
+    return sorted(files, key=lambda f: f["path"])
 
 
 def _store_documents(store, key: str) -> Iterator[dict]:

@@ -9,7 +9,6 @@ streaming its share of the parts from the store. Counts come from the tasks' dat
 """
 
 import dataclasses
-import gzip
 import os
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from assets.curation.checks import benchmark_check, benchmark_check_spec, docume
 from assets.curation.deduplicated import deduplicated_key
 from assets.plots import bar_chart
 from assets.recipe import Recipe, SourceConfig
-from pipelines.decontam import BenchmarkIndex, DecontamConfig, DecontamShards, decontam_counts
+from pipelines.decontam import BenchmarkIndex, DecontamConfig, DecontamShards, decontam_counts, written_files
 from pipelines.readers import expand_inputs
 from storage.manifest import data_version_of
 
@@ -67,12 +66,13 @@ def decontaminated_asset(recipe: Recipe, source: SourceConfig, upstream_key: Ass
         index = inputs.extra["index"]
         keys = inputs.outputs["documents"].files(pattern_prefix=f"{source.name}/part-")
         executor = inputs.resources.executor
+        records = inputs.work / "records"  # each part's files and record counts, so the output is not read back
         step = DecontamShards(store=inputs.store, keys=keys, index_path=str(inputs.extra["index_path"]),
-                              config=settings, output_dir=str(out_dir))
+                              config=settings, output_dir=str(out_dir), records_dir=str(records))
         stats_path = executor.run([step], logging_dir=inputs.work / "logs" / "decontaminate",
                                   tasks=executor.tasks_for(len(keys)))
         counts = decontam_counts(stats_path, index.names)
-        files = [{"path": p.name, "records": _count_lines(p)} for p in sorted(out_dir.glob("*.jsonl.gz"))]
+        files = written_files(records, keys)
         written = {kind: sum(f["records"] for f in files if f["path"].startswith(kind)) for kind in ("part-", "removed-")}
         # Every document is accounted for: the files hold what the tasks counted.
         assert (written["part-"], written["removed-"]) == (counts["kept"], sum(counts["dropped"].values())), (written, counts)
@@ -110,11 +110,6 @@ def decontaminated_asset(recipe: Recipe, source: SourceConfig, upstream_key: Ass
         failures=(ValueError,),  # a benchmark file the recipe names is missing
         resources=frozenset({"executor"}), resumable=True,
     ))
-
-
-def _count_lines(path: Path) -> int:
-    with gzip.open(path, "rb") as f:
-        return sum(1 for _ in f)
 
 
 def _cached_index(scratch, files: list[Path], settings: DecontamConfig, log) -> tuple[BenchmarkIndex, Path]:

@@ -19,6 +19,7 @@ from pipelines.decontam import (
     decontam_counts,
     decontaminate,
     output_names,
+    written_files,
 )
 from pipelines.dedup import WordHasher, ngram_hashes, normalized_words
 from pipelines.shards import iter_documents
@@ -170,7 +171,8 @@ def test_outputs_are_named_after_the_input_part():
 
 
 def run_scan(store, keys, index_path, out, logs, tasks, workers, config=DecontamConfig()):
-    step = DecontamShards(store=store, keys=keys, index_path=str(index_path), config=config, output_dir=str(out))
+    step = DecontamShards(store=store, keys=keys, index_path=str(index_path), config=config, output_dir=str(out),
+                          records_dir=str(logs / "records"))
     LocalPipelineExecutor([step], tasks=tasks, workers=workers, logging_dir=str(logs)).run()
     return {p.name: p.read_bytes() for p in sorted(out.iterdir())}, logs / "stats.json"
 
@@ -196,6 +198,9 @@ def test_the_scan_in_tasks_gives_the_same_bytes_for_1_2_and_4_tasks_and_counts_e
     assert counts == {"in": 12, "kept": 10, "dropped": {"contaminated": 2}, "cut": 0, "chars_cut": 0, "spans_cut": 0,
                       "hits": {"gsm8k_test": 1, "hellaswag_val": 1, "HumanEval": 0}}
     assert [d["id"] for d in iter_documents(tmp_path / "out-1" / "removed-00003.jsonl.gz")] == ["dirty-hs"]
+    # The parts' records list every file written, with its count, without reading the output back.
+    assert written_files(tmp_path / "logs-1" / "records", keys) == [
+        {"path": name, "records": sum(1 for _ in iter_documents(tmp_path / "out-1" / name))} for name in sorted(expected)]
     for tasks, workers in ((2, 1), (4, 2), (4, 1)):
         files, stats = run_scan(store, keys, tmp_path / "index.npz", tmp_path / f"out-{tasks}-{workers}",
                                 tmp_path / f"logs-{tasks}-{workers}", tasks, workers)
