@@ -3,7 +3,8 @@
     index = BenchmarkIndex.build([Path("benchmarks/gsm8k_test.jsonl"), ...], ngram=13, min_letter_words=0.5)
     stats = decontaminate(inputs=[Path("dedup/web/part-00000.jsonl.gz")], index=index,
                           config=DecontamConfig(action="drop"), out_dir=Path("out"))
-    # as datatrove tasks over store parts (the asset's way): the index built once and saved, each task loads it
+    # as datatrove tasks over store parts (the asset's way, pipelines/decontam_steps.py): the index built once
+    # and saved, each task loads it
     index.save(work / "index.npz")
     steps = [DecontamShards(store=store, keys=keys, index_path=work / "index.npz", config=config, output_dir=out)]
 
@@ -15,7 +16,7 @@ A document with any hit is dropped (action "drop", written to removed-NNNNN.json
 the character spans of its matching n-grams cut out (action "cut"; a document left with no words is dropped).
 Each input part gives its own outputs, named after it (part-00003.jsonl.gz -> part-00003.jsonl.gz and
 removed-00003.jsonl.gz; none when it has no such document), documents in input order: the files do not depend
-on how many tasks share the parts. A task's counts go to datatrove's stats (DecontamShards; `decontam_counts`).
+on how many tasks share the parts. A task's counts go to datatrove's stats (pipelines/decontam_steps.py).
 Items shorter than `ngram` words cannot be matched by n-grams and are counted in `index.short_items`; n-grams
 mostly of numbers are not indexed (`min_letter_words`): number runs are common to MATH and to all code.
 """
@@ -26,7 +27,6 @@ import gzip
 import math
 import re
 import unicodedata
-import json
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -35,7 +35,6 @@ from typing import Callable, Iterable, Iterator, Literal, Sequence
 
 import numpy as np
 import orjson
-from datatrove.pipeline.base import PipelineStep
 
 from pipelines.dedup import WordHasher, ngram_hashes, normalized_words
 from pipelines.shards import GzipLines, iter_documents
@@ -355,7 +354,7 @@ def decontaminate_part(docs: Iterable[dict], checker: "Decontaminator", config: 
 
 def decontaminate(*, inputs: Sequence[Path], index: BenchmarkIndex, config: DecontamConfig, out_dir: Path) -> DecontamStats:
     """Check every document of local `inputs` (part files), each part into its own outputs under out_dir."""
-    _check_ngram(index, config)
+    check_ngram(index, config)
     checker = Decontaminator(index)
     total = DecontamStats(hits={name: 0 for name in index.names})
     for path in inputs:
@@ -363,83 +362,9 @@ def decontaminate(*, inputs: Sequence[Path], index: BenchmarkIndex, config: Deco
     return total
 
 
-def _check_ngram(index: BenchmarkIndex, config: DecontamConfig) -> None:
+def check_ngram(index: BenchmarkIndex, config: DecontamConfig) -> None:
     if index.ngram != config.ngram:
         raise ValueError(f"decontamination: the index was built with ngram={index.ngram}, the config says {config.ngram}")
-
-
-class DecontamShards(PipelineStep):
-    """This task's share of the input parts (store keys, every world_size-th from `rank`), each checked against
-    the index saved at `index_path` (loaded in the task, once) and written under output_dir as its own outputs.
-    Stats: documents_in, kept, dropped_contaminated, cut, chars_cut, spans_cut, hits_<benchmark> (documents per
-    benchmark). With `records_dir`, each part's files and record counts go to records_dir/<part>.json as well
-    (`written_files` gathers them), so the stage lists its output without reading it back."""
-
-    name = "🧪 decontaminate"
-    type = "🔻 - FILTER"
-
-    def __init__(self, *, store, keys: list[str], index_path: str, config: DecontamConfig, output_dir: str,
-                 records_dir: str | None = None):
-        super().__init__()
-        names = [output_names(key)[0] for key in keys]
-        if len(set(names)) != len(names):
-            raise ValueError(f"decontamination: two input parts have the same name; outputs are named after them: {keys}")
-        self.store, self.keys, self.index_path = store, list(keys), str(index_path)
-        self.config, self.output_dir = config, str(output_dir)
-        self.records_dir = str(records_dir) if records_dir else None
-
-    def run(self, data=None, rank: int = 0, world_size: int = 1):
-        mine = self.keys[rank::world_size]
-        if mine:
-            index = BenchmarkIndex.load(Path(self.index_path))
-            _check_ngram(index, self.config)
-            checker = Decontaminator(index)
-        for key in mine:
-            with self.track_time(unit="part"):
-                stats = decontaminate_part(_store_documents(self.store, key), checker, self.config,
-                                           Path(self.output_dir), key)
-            if self.records_dir:
-                record = Path(self.records_dir) / f"{output_names(key)[0].removesuffix('.jsonl.gz')}.json"
-                record.parent.mkdir(parents=True, exist_ok=True)
-                record.write_text(json.dumps(stats.files))
-            self.stat_update("parts", unit="part")
-            for name in ("documents_in", "kept", "cut", "chars_cut", "spans_cut"):
-                self.stat_update(name, value=getattr(stats, name), unit="part")
-            self.stat_update("dropped_contaminated", value=stats.dropped, unit="part")
-            for benchmark, n in stats.hits.items():
-                self.stat_update(f"hits_{benchmark}", value=n, unit="part")
-        if data:
-            yield from data
-
-
-def decontam_counts(stats_path: Path, benchmarks: list[str]) -> dict:
-    """The asset's counts from a run's merged stats.json: in, kept, dropped by reason, cut, chars_cut, spans_cut,
-    hits (documents per benchmark)."""
-    totals: dict[str, int] = {}
-    for step in json.loads(Path(stats_path).read_text()):
-        if step["name"].split(": ", 1)[-1] == DecontamShards.name:
-            for key, value in step["stats"].items():
-                totals[key] = totals.get(key, 0) + int(value["total"] if isinstance(value, dict) else value)
-    dropped = totals.get("dropped_contaminated", 0)
-    return {"in": totals.get("documents_in", 0), "kept": totals.get("kept", 0),
-            "dropped": {"contaminated": dropped} if dropped else {}, "cut": totals.get("cut", 0),
-            "chars_cut": totals.get("chars_cut", 0), "spans_cut": totals.get("spans_cut", 0), "hits": {name: totals.get(f"hits_{name}", 0) for name in benchmarks}}
-
-
-def written_files(records_dir: Path, keys: list[str]) -> list[dict]:
-    """[{path, records}] of every output file the parts of `keys` gave, sorted by path (DecontamShards' records)."""
-    files = []
-    for key in keys:
-        files += json.loads((Path(records_dir) / f"{output_names(key)[0].removesuffix('.jsonl.gz')}.json").read_text())
-    return sorted(files, key=lambda f: f["path"])
-
-
-def _store_documents(store, key: str) -> Iterator[dict]:
-    """The documents of one gzip JSON-lines object of the store, streamed in line order."""
-    with store.open_read(key) as raw, gzip.open(raw, "rb") as lines:
-        for line in lines:
-            if line.strip():
-                yield orjson.loads(line)
 
 
 def _cut(text: str, spans: list[tuple[int, int]]) -> str:

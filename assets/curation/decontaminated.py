@@ -21,7 +21,8 @@ from assets.curation.checks import benchmark_check, benchmark_check_spec, docume
 from assets.curation.deduplicated import deduplicated_key
 from assets.plots import bar_chart
 from assets.recipe import Recipe, SourceConfig
-from pipelines.decontam import BenchmarkIndex, DecontamConfig, DecontamShards, decontam_counts, written_files
+from pipelines.decontam import BenchmarkIndex, DecontamConfig
+from pipelines.decontam_steps import DecontamShards, decontam_counts, written_files
 from pipelines.readers import expand_inputs
 from storage.manifest import data_version_of
 
