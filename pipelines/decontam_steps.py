@@ -81,7 +81,8 @@ def decontam_counts(stats_path: Path, benchmarks: list[str]) -> dict:
     dropped = totals.get("dropped_contaminated", 0)
     return {"in": totals.get("documents_in", 0), "kept": totals.get("kept", 0),
             "dropped": {"contaminated": dropped} if dropped else {}, "cut": totals.get("cut", 0),
-            "chars_cut": totals.get("chars_cut", 0), "spans_cut": totals.get("spans_cut", 0), "hits": {name: totals.get(f"hits_{name}", 0) for name in benchmarks}}
+            "chars_cut": totals.get("chars_cut", 0), "spans_cut": totals.get("spans_cut", 0),
+            "hits": {name: totals.get(f"hits_{name}", 0) for name in benchmarks}}
 
 
 def written_files(records_dir: Path, keys: list[str]) -> list[dict]:

@@ -127,7 +127,8 @@ class PackedSource:
             offsets = _map(self.folder / shard["offsets_file"], np.dtype(np.int64))
             if len(tokens) != shard["tokens"] or len(offsets) - 1 != shard["documents"]:
                 raise ValueError(f"source {name!r}: {shard['tokens_file']} has {len(tokens)} tokens / "
-                                 f"{len(offsets) - 1} documents on disk, the index says {shard['tokens']} / {shard['documents']}")
+                                 f"{len(offsets) - 1} documents on disk, the index says {shard['tokens']} / "
+                                 f"{shard['documents']}")
             if len(offsets) < 2 or offsets[0] != 0 or offsets[-1] != len(tokens):
                 raise ValueError(f"source {name!r}: {shard['offsets_file']} does not span its token stream")
             self._shard_tokens.append(tokens)

@@ -76,8 +76,10 @@ def decontaminated_asset(recipe: Recipe, source: SourceConfig, upstream_key: Ass
         files = written_files(records, keys)
         written = {kind: sum(f["records"] for f in files if f["path"].startswith(kind)) for kind in ("part-", "removed-")}
         # Every document is accounted for: the files hold what the tasks counted.
-        assert (written["part-"], written["removed-"]) == (counts["kept"], sum(counts["dropped"].values())), (written, counts)
-        return {"files": files, "counts": {**counts, "benchmark_ngrams": len(index.hashes), "short_items": index.short_items}}
+        dropped = sum(counts["dropped"].values())
+        assert (written["part-"], written["removed-"]) == (counts["kept"], dropped), (written, counts)
+        return {"files": files,
+                "counts": {**counts, "benchmark_ngrams": len(index.hashes), "short_items": index.short_items}}
 
     def checks(inputs: Inputs, output: Output) -> list:
         parts = output.files()

@@ -83,7 +83,8 @@ def packed_asset(recipe: Recipe, source_name: str, upstream_key: Callable[[str],
         section=packed_section(recipe, source_name),
         description=(
             f"Source `{source_name}` tokenized: train/val token streams (EOS after every document) and document "
-            f"offsets, one shard per input part with an index, {recipe.packing.val_fraction:.1%} of documents held out by a hash of their id. "
+            f"offsets, one shard per input part with an index, {recipe.packing.val_fraction:.1%} of documents "
+            "held out by a hash of their id. "
             f"Reads {documents_key.to_user_string()}; driven by the recipe's `packing` section."
         ),
         reads={"tokenizer": tokenizer_key(), "documents": documents_key}, build=build, metadata=metadata,

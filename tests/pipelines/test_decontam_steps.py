@@ -34,7 +34,8 @@ def test_the_scan_in_tasks_gives_the_same_bytes_for_1_2_and_4_tasks_and_counts_e
         store.put_file(keys[-1], local)
     index.save(tmp_path / "index.npz")
     expected, stats = run_scan(store, keys, tmp_path / "index.npz", tmp_path / "out-1", tmp_path / "logs-1", 1, 1)
-    assert sorted(expected) == [f"part-{i:05d}.jsonl.gz" for i in range(5)] + ["removed-00001.jsonl.gz", "removed-00003.jsonl.gz"]
+    assert sorted(expected) == ([f"part-{i:05d}.jsonl.gz" for i in range(5)]
+                                + ["removed-00001.jsonl.gz", "removed-00003.jsonl.gz"])
     counts = decontam_counts(stats, index.names)
     assert counts == {"in": 12, "kept": 10, "dropped": {"contaminated": 2}, "cut": 0, "chars_cut": 0, "spans_cut": 0,
                       "hits": {"gsm8k_test": 1, "hellaswag_val": 1, "HumanEval": 0}}
