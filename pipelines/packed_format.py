@@ -21,43 +21,21 @@ This module imports numpy and the standard library only: trainer ranks import it
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
 
+from storage.manifest import SAMPLE_BLOCK_BYTES, SAMPLE_BLOCKS, sampled_sha256
+
 SPLITS = ("train", "val")
 INDEX_FILE = "index.json"
-SAMPLE_BLOCK_BYTES = 1 << 20
-SAMPLE_BLOCKS = 3  # start, middle, end
 INDEX_FORMAT = 2  # 1 was one pair of files per split (before issue 17)
 
 
 def shard_files(split: str, shard: str) -> tuple[str, str]:
     """(tokens file, offsets file) of one shard, relative to the packed output's folder."""
     return f"{split}/{shard}.tokens.bin", f"{split}/{shard}.offsets.bin"
-
-
-def sampled_blocks(size: int) -> list[tuple[int, int]]:
-    """(offset, length) of the blocks hashed in a file of `size` bytes: start, middle and end, or the whole file
-    when it is no larger than those blocks together."""
-    if size <= SAMPLE_BLOCK_BYTES * SAMPLE_BLOCKS:
-        return [(0, size)]
-    last = size - SAMPLE_BLOCK_BYTES
-    return [(offset, SAMPLE_BLOCK_BYTES) for offset in (0, last // 2, last)]
-
-
-def sampled_sha256(path: Path) -> str:
-    """sha256 of the file's size and of its sampled blocks (sampled_blocks)."""
-    path = Path(path)
-    size = path.stat().st_size
-    digest = hashlib.sha256(str(size).encode())
-    with open(path, "rb") as f:
-        for offset, length in sampled_blocks(size):
-            f.seek(offset)
-            digest.update(f.read(length))
-    return digest.hexdigest()
 
 
 def shard_entry(out_dir: Path, split: str, shard: str, dtype: np.dtype) -> dict | None:

@@ -19,6 +19,8 @@ from pathlib import Path
 from storage.objects import ObjectNotFoundError, ObjectStore, check_key, join_key
 
 MANIFEST = "manifest.json"
+SAMPLE_BLOCK_BYTES = 1 << 20
+SAMPLE_BLOCKS = 3  # start, middle, end
 
 
 def data_version_of(files: list[dict]) -> str:
@@ -71,3 +73,26 @@ def read_manifest(store: ObjectStore, prefix: str) -> dict | None:
         return json.loads(store.get_bytes(join_key(prefix, MANIFEST)))
     except ObjectNotFoundError:
         return None
+
+
+def sampled_blocks(size: int) -> list[tuple[int, int]]:
+    """(offset, length) of the blocks hashed in a file of `size` bytes: start, middle and end, or the whole file
+    when it is no larger than those blocks together."""
+    if size <= SAMPLE_BLOCK_BYTES * SAMPLE_BLOCKS:
+        return [(0, size)]
+    last = size - SAMPLE_BLOCK_BYTES
+    return [(offset, SAMPLE_BLOCK_BYTES) for offset in (0, last // 2, last)]
+
+
+def sampled_sha256(path: Path) -> str:
+    """sha256 of the file's size and of its sampled blocks (sampled_blocks): a check of a large local copy that
+    costs the same at any size (the trainer's shards at every start), where the manifest's full sha256 is what the
+    store's download already checked."""
+    path = Path(path)
+    size = path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        for offset, length in sampled_blocks(size):
+            f.seek(offset)
+            digest.update(f.read(length))
+    return digest.hexdigest()

@@ -34,7 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
-from pipelines.packed_format import sampled_sha256
+from storage.manifest import sampled_sha256
 
 BLEND_BLOCK = 1 << 16  # samples in the precomputed blend index; weights are realized exactly to 1/65,536 per block
 MANIFEST = "manifest.json"

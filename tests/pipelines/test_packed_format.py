@@ -1,38 +1,11 @@
-"""The packed layout's sampled hash and index: a few blocks of a large file, the whole of a small one; the index
-lists only shards with documents in a split, in the order given."""
+"""The packed layout's index: it lists only shards with documents in a split, in the order given, with their sampled
+hashes (storage/manifest.py)."""
 
-import hashlib
 
 import numpy as np
 
-from pipelines.packed_format import (
-    SAMPLE_BLOCK_BYTES,
-    build_index,
-    sampled_blocks,
-    sampled_sha256,
-    shard_files,
-)
-
-
-def test_sampled_hash_reads_three_blocks_of_a_large_file_and_sees_a_changed_block(tmp_path):
-    big = tmp_path / "big.bin"
-    data = bytearray(np.random.default_rng(0).integers(0, 256, 10 * SAMPLE_BLOCK_BYTES, dtype=np.uint8).tobytes())
-    big.write_bytes(bytes(data))
-    blocks = sampled_blocks(len(data))
-    assert blocks == [(0, SAMPLE_BLOCK_BYTES), (9 * SAMPLE_BLOCK_BYTES // 2, SAMPLE_BLOCK_BYTES),
-                      (9 * SAMPLE_BLOCK_BYTES, SAMPLE_BLOCK_BYTES)]
-    expected = hashlib.sha256(str(len(data)).encode())
-    for offset, length in blocks:
-        expected.update(bytes(data[offset:offset + length]))
-    first = sampled_sha256(big)
-    assert first == expected.hexdigest()
-    data[-1] ^= 0xFF  # in the last block
-    big.write_bytes(bytes(data))
-    assert sampled_sha256(big) != first
-    small = tmp_path / "small.bin"
-    small.write_bytes(b"abc")
-    assert sampled_blocks(3) == [(0, 3)]
-    assert sampled_sha256(small) == hashlib.sha256(b"3abc").hexdigest()
+from pipelines.packed_format import build_index, shard_files
+from storage.manifest import sampled_sha256
 
 
 def test_the_index_lists_shards_with_documents_in_the_order_given(tmp_path):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 
+import numpy as np
 import pytest
 
 from storage.local import LocalStore
-from storage.manifest import commit_folder, data_version_of, read_manifest
+from storage.manifest import SAMPLE_BLOCK_BYTES, commit_folder, data_version_of, read_manifest, sampled_blocks, sampled_sha256
 from storage.objects import StoreError
 
 from tests.storage.store_helpers import make_folder, sha, spy_puts
@@ -72,3 +74,24 @@ def test_data_version_of():
     files = [{"path": "b", "sha256": "22", "records": 5}, {"path": "a", "sha256": "11"}]
     assert data_version_of(files) == sha(b"a:11\nb:22\n") == data_version_of(files[::-1])
     assert data_version_of([]) == sha(b"")
+
+
+def test_sampled_hash_reads_three_blocks_of_a_large_file_and_sees_a_changed_block(tmp_path):
+    big = tmp_path / "big.bin"
+    data = bytearray(np.random.default_rng(0).integers(0, 256, 10 * SAMPLE_BLOCK_BYTES, dtype=np.uint8).tobytes())
+    big.write_bytes(bytes(data))
+    blocks = sampled_blocks(len(data))
+    assert blocks == [(0, SAMPLE_BLOCK_BYTES), (9 * SAMPLE_BLOCK_BYTES // 2, SAMPLE_BLOCK_BYTES),
+                      (9 * SAMPLE_BLOCK_BYTES, SAMPLE_BLOCK_BYTES)]
+    expected = hashlib.sha256(str(len(data)).encode())
+    for offset, length in blocks:
+        expected.update(bytes(data[offset:offset + length]))
+    first = sampled_sha256(big)
+    assert first == expected.hexdigest()
+    data[-1] ^= 0xFF  # in the last block
+    big.write_bytes(bytes(data))
+    assert sampled_sha256(big) != first
+    small = tmp_path / "small.bin"
+    small.write_bytes(b"abc")
+    assert sampled_blocks(3) == [(0, 3)]
+    assert sampled_sha256(small) == hashlib.sha256(b"3abc").hexdigest()

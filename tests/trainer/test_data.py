@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import pipelines.packed_format as packed_format
+import storage.manifest as storage_manifest
 from pipelines.packed_format import build_index, shard_files, write_index
 from pipelines.tokenize import PackingConfig, TokenizerConfig, adopt_tokenizer, pack_documents
 from storage.manifest import commit_folder
@@ -326,11 +326,11 @@ def test_start_up_hashes_a_bounded_amount_whatever_the_shard_size(tmp_path, monk
         def hexdigest(self):
             return self.inner.hexdigest()
 
-    monkeypatch.setattr(packed_format.hashlib, "sha256", CountingSha256)
+    monkeypatch.setattr(storage_manifest.hashlib, "sha256", CountingSha256)
     source = PackedSource("big", folder, "train")
     monkeypatch.undo()
     tokens_bytes = (Path(folder) / "train" / "part-00000.tokens.bin").stat().st_size
-    assert tokens_bytes == 16_000_000 and sum(hashed) <= 3 * packed_format.SAMPLE_BLOCK_BYTES + 64_008 + 100
+    assert tokens_bytes == 16_000_000 and sum(hashed) <= 3 * storage_manifest.SAMPLE_BLOCK_BYTES + 64_008 + 100
     assert source.tokens == 8_000_000 and source.documents == 8_000
     # The long-context filter over the mapped shard: the kept documents' positions, the tokens read in place.
     long = PackedSource("big", folder, "train", min_doc_tokens=1000)
