@@ -15,15 +15,13 @@ its file: the step pickles small (Ray and Slurm ship it to their workers).
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
-from typing import Iterator
 
-import orjson
 from datatrove.pipeline.base import PipelineStep
 
 from pipelines.decontam import BenchmarkIndex, DecontamConfig, Decontaminator, check_ngram, decontaminate_part, output_names
+from pipelines.shards import store_documents
 
 
 class DecontamShards(PipelineStep):
@@ -54,7 +52,7 @@ class DecontamShards(PipelineStep):
             checker = Decontaminator(index)
         for key in mine:
             with self.track_time(unit="part"):
-                stats = decontaminate_part(_store_documents(self.store, key), checker, self.config,
+                stats = decontaminate_part(store_documents(self.store, key), checker, self.config,
                                            Path(self.output_dir), key)
             if self.records_dir:
                 record = Path(self.records_dir) / f"{output_names(key)[0].removesuffix('.jsonl.gz')}.json"
@@ -91,11 +89,3 @@ def written_files(records_dir: Path, keys: list[str]) -> list[dict]:
     for key in keys:
         files += json.loads((Path(records_dir) / f"{output_names(key)[0].removesuffix('.jsonl.gz')}.json").read_text())
     return sorted(files, key=lambda f: f["path"])
-
-
-def _store_documents(store, key: str) -> Iterator[dict]:
-    """The documents of one gzip JSON-lines object of the store, streamed in line order."""
-    with store.open_read(key) as raw, gzip.open(raw, "rb") as lines:
-        for line in lines:
-            if line.strip():
-                yield orjson.loads(line)

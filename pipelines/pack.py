@@ -23,13 +23,12 @@ import gzip
 import json
 import os
 from pathlib import Path, PurePosixPath
-from typing import Iterator
 
 import orjson
 from datatrove.pipeline.base import PipelineStep
 
 from pipelines.packed_format import build_index, write_index
-from pipelines.shards import GzipLines
+from pipelines.shards import GzipLines, store_documents
 from pipelines.tokenize import (
     PackingConfig,
     TokenizerConfig,
@@ -49,14 +48,6 @@ def shard_name(key: str) -> str:
     for suffix in (".gz", ".jsonl"):
         name = name.removesuffix(suffix)
     return name
-
-
-def store_documents(store, key: str) -> Iterator[dict]:
-    """The documents of one gzip JSON-lines object of the store, streamed in line order."""
-    with store.open_read(key) as raw, gzip.open(raw, "rb") as lines:
-        for line in lines:
-            if line.strip():
-                yield orjson.loads(line)
 
 
 def check_unique_names(keys: list[str]) -> list[str]:

@@ -118,11 +118,18 @@ class ShardWriter:
 
 
 def iter_documents(path) -> Iterator[dict]:
-    """The documents of one part-*.jsonl.gz, in order."""
+    """The documents of one part-*.jsonl.gz (a path, or a binary file open on one), in order, one line in memory
+    at a time; blank lines are not documents."""
     with gzip.open(path, "rb") as f:
         for line in f:
             if line.strip():
                 yield orjson.loads(line)
+
+
+def store_documents(store, key: str) -> Iterator[dict]:
+    """The documents of one gzip JSON-lines object of an object store (storage/), streamed in line order."""
+    with store.open_read(key) as raw:
+        yield from iter_documents(raw)
 
 
 class InputShardReader(JsonlReader):

@@ -25,7 +25,6 @@ version (a reused output is checked again every time).
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import random
 from collections import Counter
@@ -34,13 +33,13 @@ from itertools import islice
 from typing import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
-import orjson
 from dagster import AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, AssetKey, MetadataValue
 
 from assets.recipe import ChecksConfig
 from pipelines.decontam import BenchmarkIndex
 from pipelines.dedup import WordHasher, ngram_hashes, normalized_words
 from pipelines.filters import FilterConfig, find_pii
+from pipelines.shards import store_documents
 from storage.objects import ObjectStore
 
 DOCUMENTS_CHECK = "documents_valid"
@@ -73,10 +72,7 @@ def benchmark_check_spec(key: AssetKey) -> AssetCheckSpec:
 def read_documents(store: ObjectStore, keys: list[str]) -> Iterator[dict]:
     """The documents of gzip JSONL parts in the store, in order, streamed: one line in memory at a time."""
     for key in keys:
-        with store.open_read(key) as raw, gzip.open(raw) as lines:
-            for line in lines:
-                if line.strip():
-                    yield orjson.loads(line)
+        yield from store_documents(store, key)
 
 
 def language_counts(store: ObjectStore, keys: list[str]) -> Counter:

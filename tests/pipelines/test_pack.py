@@ -22,9 +22,9 @@ from pipelines.pack import (
     shard_name,
     split_counts,
     step_stats,
-    store_documents,
 )
 from pipelines.packed_format import INDEX_FILE
+from pipelines.shards import store_documents
 from pipelines.tokenize import PackingConfig, TokenizerConfig, adopt_tokenizer, is_val, sample_texts
 from storage.local import LocalStore
 from tests.conftest import SHARED_DATA

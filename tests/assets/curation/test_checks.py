@@ -244,14 +244,16 @@ def test_a_surviving_benchmark_ngram_fails_the_blocking_check_and_nothing_is_pac
     select = ["materialize", "--select", f"+tokenization/{SOURCE}/packed", "--jobs", "1"]
 
     # No recipe setting lets a matching document through, so the engine is broken on purpose: an empty index.
-    real = assets.curation.decontaminated.decontaminate
+    real = assets.curation.decontaminated.DecontamShards
 
-    def remove_nothing(*, index, **kwargs):
+    def remove_nothing(*, index_path, **kwargs):  # the scan's tasks load an empty index; the check the real one
+        index = BenchmarkIndex.load(index_path)
         empty = BenchmarkIndex(names=index.names, hashes=np.empty(0, np.uint64), owners=np.empty(0, np.uint16), ngram=index.ngram)
-        return real(index=empty, **kwargs)
+        empty.save(tmp_path / "empty-index.npz")
+        return real(index_path=str(tmp_path / "empty-index.npz"), **kwargs)
 
     with monkeypatch.context() as patch:
-        patch.setattr(assets.curation.decontaminated, "decontaminate", remove_nothing)
+        patch.setattr(assets.curation.decontaminated, "DecontamShards", remove_nothing)
         assert main(select) == 1
     assert last_run_status() == DagsterRunStatus.FAILURE
     [first] = materializations(DECONTAMINATED)  # the output is committed and recorded: the check judges it
