@@ -7,7 +7,8 @@
 
 With the local store the packed outputs are read in place; from S3 they are downloaded once into a
 scratch cache keyed by their data version (outputs are immutable, so a cached copy never goes stale),
-and each file is verified against its manifest's sha256 by the trainer's reader on open.
+each file verified against its manifest's full sha256 as it downloads; at every start the trainer's reader checks
+each shard's size and sampled sha256 from the packed index (storage/manifest.py), a cost flat in the data's size.
 """
 
 from __future__ import annotations
