@@ -386,10 +386,10 @@ def filter_steps(config: FilterConfig, *, lists_root: Path, model_path: Path | N
     return steps
 
 
-def filter_pipeline(config: FilterConfig, *, input_dir: Path, output_dir: Path, lists_root: Path,
+def filter_pipeline(config: FilterConfig, *, input_dir: Path | str, output_dir: Path, lists_root: Path,
                     model_path: Path | None = None) -> list[PipelineStep]:
-    """Reader of input_dir/part-*.jsonl.gz -> filter_steps -> writer of output_dir/<the same names>; dropped
-    documents go to output_dir/rejected-<step>-<input name>."""
+    """Reader of input_dir/part-*.jsonl.gz (a folder, or a URL such as a store output's s3://...) ->
+    filter_steps -> writer of output_dir/<the same names>; dropped documents go to output_dir/rejected-<step>-<input name>."""
     reader = InputShardReader(str(input_dir), glob_pattern="part-*.jsonl.gz")
     writer = InputShardWriter(str(output_dir))
     steps = filter_steps(config, lists_root=lists_root, model_path=model_path, rejected_dir=output_dir)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gzip
 from pathlib import Path, PurePosixPath
+from urllib.parse import unquote, urlparse
 from typing import Any, Callable, Iterator
 
 import orjson
@@ -28,6 +29,8 @@ from datatrove.pipeline.readers import JsonlReader
 from datatrove.pipeline.writers import JsonlWriter
 
 from fsspec.compression import register_compression
+
+from pipelines.inputs import URL_SCHEME, remote_fs
 
 INPUT_SHARD = "_input_shard"  # the metadata field the reader sets and the writer takes out again
 
@@ -134,11 +137,17 @@ def store_documents(store, key: str) -> Iterator[dict]:
 
 class InputShardReader(JsonlReader):
     """datatrove's JSON-lines reader, noting in each document the name of the file it came from. Each task reads
-    the sorted input files rank::world_size (datatrove's sharding), each file in order."""
+    the sorted input files rank::world_size (datatrove's sharding), each file in order. The folder is a path or
+    a URL (file://, or s3://... as pipelines/inputs.py reaches it: a store's committed output, read in place)."""
 
     name = "🐿 Jsonl (input shard noted)"
 
     def __init__(self, data_folder, **kwargs):
+        if isinstance(data_folder, str) and data_folder.startswith("file://"):
+            data_folder = unquote(urlparse(data_folder).path)
+        elif isinstance(data_folder, str) and URL_SCHEME.match(data_folder):
+            fs, path = remote_fs(data_folder)
+            data_folder = (path, fs)  # datatrove's DataFolder on that filesystem, pickled with the steps
         super().__init__(data_folder, add_file_path=False, **kwargs)
 
     def get_document_from_dict(self, data: dict, source_file: str, id_in_file: int):

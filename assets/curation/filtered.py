@@ -67,11 +67,12 @@ def filtered_asset(recipe: Recipe, source: SourceConfig):
 
     def build(inputs: Inputs, out_dir: Path) -> dict:
         work = inputs.work
-        files = inputs.outputs["documents"].download(inputs.store, work / "input")
+        raw = inputs.outputs["documents"]
+        files = raw.files()  # read in place, from the store's folder or bucket: nothing is copied first
         model_path = None
         if uses_model:
             model_path = inputs.outputs["model"].download(inputs.store, work / "model", pattern_prefix=MODEL_FILE)[0]
-        steps = filter_pipeline(resolved, input_dir=work / "input", output_dir=out_dir,
+        steps = filter_pipeline(resolved, input_dir=inputs.store.uri(raw.prefix), output_dir=out_dir,
                                 lists_root=Path("/"), model_path=model_path)  # list paths are absolute
         started = time.perf_counter()
         executor = inputs.resources.executor

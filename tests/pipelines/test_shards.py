@@ -182,3 +182,20 @@ def test_a_stem_names_the_shards_of_one_input(tmp_path):
     shards = write(tmp_path, gsm8k_records(90), stem="part-00003")
     assert [f["path"] for f in shards.files] == ["part-00003-00000.jsonl.gz", "part-00003-00001.jsonl.gz",
                                                  "part-00003-00002.jsonl.gz"]
+
+
+def test_the_input_shard_reader_reads_a_folder_in_a_bucket_like_one_on_disk(tmp_path, s3):
+    # A committed output read in place from an S3 store (the filter stage's input): the same bytes out.
+    records = gsm8k_records(120)
+    write(tmp_path / "in", records, records_per_shard=50)
+    for path in sorted((tmp_path / "in").iterdir()):
+        s3.client().upload_file(str(path), s3.bucket, f"raw/v1/{path.name}")
+    s3.client().put_object(Bucket=s3.bucket, Key="raw/v1/manifest.json", Body=b"{}")  # not a part: not read
+    on_disk = shard_stage(tmp_path / "in", tmp_path / "out-disk", tmp_path / "logs-disk", tasks=2, workers=1)
+    steps = [InputShardReader(f"s3://{s3.bucket}/raw/v1", glob_pattern="part-*.jsonl.gz"),
+             _DropOdd(InputShardWriter(str(tmp_path / "out-s3"), prefix="rejected-")),
+             InputShardWriter(str(tmp_path / "out-s3"))]
+    LocalPipelineExecutor(steps, tasks=2, workers=1, logging_dir=str(tmp_path / "logs-s3")).run()
+    assert {p.name: p.read_bytes() for p in sorted((tmp_path / "out-s3").iterdir())} == on_disk
+    # A file:// URI (a local store's uri()) is its folder.
+    assert InputShardReader((tmp_path / "in").as_uri()).data_folder.path == str(tmp_path / "in")
