@@ -83,6 +83,10 @@ class ChecksConfig(BaseModel):
 
     mode: Literal["chunks", "sample"] = "chunks"
     chunk_documents: int = Field(10_000, ge=1, description="Rows of the largest DataFrame a check builds")
+    # GE holds ~9 bytes per character of a frame's text at its peak (pandas 3 string copies, measured): this bounds
+    # a frame of long documents where the row count would not.
+    chunk_text_chars: int = Field(4 * 2**20, ge=1, description="Text characters of the largest frame (a longer "
+                                  "document is a frame of its own)")
     sample_documents: int = Field(10_000, ge=1, description="Documents validated in `sample` mode")
     seed: int = Field(0, description="Seed of the sample (`sample` mode): the same seed, the same sample")
 

@@ -6,8 +6,11 @@ documents_valid (filtered, deduplicated, decontaminated): great-expectations 1.x
     left (the scrubber's own patterns, pipelines/filters.py, under the source's PII settings). Severity ERROR, not
     blocking: a violation shows on the asset, it does not stop the run.
     Never one DataFrame of a whole output: the recipe's `checks` section (assets/recipe.py ChecksConfig) says
-    `chunks` (default: every document, in DataFrames of at most `chunk_documents` rows, the results summed) or
-    `sample` (the per-document expectations on a seeded reservoir sample of `sample_documents` documents).
+    `chunks` (default: every document, in DataFrames of at most `chunk_documents` rows and `chunk_text_chars`
+    characters of text, the results summed) or `sample` (the per-document expectations on a seeded reservoir
+    sample of `sample_documents` documents, in the same frames). Each chunk is two frames: the text alone for the
+    text expectations, and source, language and PII counts for the others (GE copies a whole frame per
+    expectation: the text is copied only for the expectations on it).
     Unique ids is a property of the whole set, so in both modes it is checked on every id as they stream past
     (UniqueIds: 8 bytes per document, exact), not by GE on a frame.
 no_benchmark_ngrams (decontaminated): every n-gram of the committed documents' normalized words looked up in the
@@ -29,7 +32,6 @@ import hashlib
 import random
 from collections import Counter
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
@@ -168,13 +170,15 @@ def validate_documents(docs: list[dict], config: FilterConfig | Mapping[str, Fil
     def stream() -> Iterator[tuple[str, dict]]:
         return ((d.get("metadata", {}).get("source", "") if several else only, d) for d in docs)
 
-    report = validate_stream(stream, filters, settings or ChecksConfig(chunk_documents=max(1, len(docs))))
+    whole = ChecksConfig(chunk_documents=max(1, len(docs)), chunk_text_chars=2**62)
+    report = validate_stream(stream, filters, settings or whole)
     return report.success, report.details
 
 
 def validate_stream(stream: DocumentStream, filters: Mapping[str, FilterConfig],
                     settings: ChecksConfig) -> ValidationReport:
-    """documents_valid over a stream of (source, document), in frames of at most settings.chunk_documents rows."""
+    """documents_valid over a stream of (source, document), in frames of at most settings.chunk_documents rows
+    and settings.chunk_text_chars characters of text."""
     several = len(filters) > 1
     report = ValidationReport()
 
@@ -196,14 +200,29 @@ def validate_stream(stream: DocumentStream, filters: Mapping[str, FilterConfig],
     else:  # every id still streams past the uniqueness check; the sample alone goes on to the frames
         rows = iter(seeded_sample(counted(), settings.sample_documents, settings.seed))
     suite = None
-    while chunk := list(islice(rows, settings.chunk_documents)):
+    for chunk in _chunks(rows, settings.chunk_documents, settings.chunk_text_chars):
         suite = suite or _Suite(filters)
-        suite.validate(chunk, [label(s, d) for s, d in chunk], report)
+        suite.validate(chunk, report)
     if report.documents == 0:  # nothing kept (e.g. a one-page source whose page went at language ID)
         return report
     unexpected, examples = ids.duplicates(lambda: (label(s, d) for s, d in stream()))
     report.add(UNIQUE_IDS, unexpected == 0, unexpected, examples)
     return report
+
+
+def _chunks(rows: Iterator[tuple[str, dict]], documents: int, chars: int) -> Iterator[list]:
+    """Consecutive lists of at most `documents` rows and `chars` characters of text (a longer document alone)."""
+    chunk: list = []
+    held = 0
+    for row in rows:
+        size = len(row[1].get("text") or "")
+        if chunk and (len(chunk) >= documents or held + size > chars):
+            yield chunk
+            chunk, held = [], 0
+        chunk.append(row)
+        held += size
+    if chunk:
+        yield chunk
 
 
 def seeded_sample(items: Iterator, k: int, seed: int) -> list:
@@ -229,11 +248,11 @@ class _Suite:
 
         self.filters = filters
         several = len(filters) > 1
-        expectations = [
+        text = [
             gx.expectations.ExpectColumnValuesToNotBeNull(column="text"),
             gx.expectations.ExpectColumnValueLengthsToBeBetween(column="text", min_value=1, max_value=MAX_TEXT_CHARS),
-            gx.expectations.ExpectColumnValuesToBeBetween(column="pii_left", min_value=0, max_value=0),
         ]
+        expectations = [gx.expectations.ExpectColumnValuesToBeBetween(column="pii_left", min_value=0, max_value=0)]
         for name, settings in filters.items():
             if settings.language is None:
                 continue  # no language filter (code): no language to hold it to
@@ -244,27 +263,27 @@ class _Suite:
         context = gx.get_context(mode="ephemeral")
         self.batches = (context.data_sources.add_pandas("output").add_dataframe_asset("documents")
                         .add_batch_definition_whole_dataframe("frame"))
-        self.suite = gx.ExpectationSuite(name="curated_documents", expectations=expectations)
+        self.suites = [gx.ExpectationSuite(name="document_text", expectations=text),
+                       gx.ExpectationSuite(name="curated_documents", expectations=expectations)]
 
-    def validate(self, chunk: list[tuple[str, dict]], labels: list[str], report: ValidationReport) -> None:
+    def validate(self, chunk: list[tuple[str, dict]], report: ValidationReport) -> None:
         import pandas as pd
 
         found = []
         for source, doc in chunk:
             text, pii = doc.get("text"), self.filters[source].pii
             found.append(find_pii(text, pii) if pii and isinstance(text, str) else {})
-        frame = pd.DataFrame({
+        frames = [pd.DataFrame({"text": [d.get("text") for _, d in chunk]}), pd.DataFrame({
             "source": [s for s, _ in chunk],
-            "id": labels,
-            "text": [d.get("text") for _, d in chunk],
             "language": [d.get("metadata", {}).get("language", "") for _, d in chunk],
             "pii_left": [sum(map(len, f.values())) for f in found],
-        })
+        })]
         report.frames += 1
-        report.validated += len(frame)
-        report.largest_frame_rows = max(report.largest_frame_rows, len(frame))
-        result = self.batches.get_batch(batch_parameters={"dataframe": frame}).validate(self.suite)
-        for r in result.results:
+        report.validated += len(chunk)
+        report.largest_frame_rows = max(report.largest_frame_rows, len(chunk))
+        results = [self.batches.get_batch(batch_parameters={"dataframe": frame}).validate(suite)
+                   for frame, suite in zip(frames, self.suites)]
+        for r in (r for result in results for r in result.results):
             kwargs = r.expectation_config.kwargs
             name = f"{r.expectation_config.type}({kwargs.get('column')})"
             if kwargs.get("row_condition"):

@@ -130,6 +130,10 @@ def test_chunked_and_sampled_checks_find_what_one_frame_finds(tmp_path):
     # Chunks of one row: the duplicate is still found across frames, every violation still counted once.
     single = documents_check(store, parts, FILTERS, ChecksConfig(chunk_documents=1))
     assert single.metadata["expectations"].value == whole and single.metadata["largest_frame_rows"].value == 1
+    # Frames bounded by text instead: 45 characters hold two 19-character pages, or the empty page with four
+    # 5-character code lines (the largest frame, 6 rows), whatever chunk_documents says.
+    by_text = documents_check(store, parts, FILTERS, ChecksConfig(chunk_text_chars=45))
+    assert by_text.metadata["expectations"].value == whole and by_text.metadata["largest_frame_rows"].value == 6
 
 
 def test_a_sample_is_seeded_bounded_and_still_checks_every_id(tmp_path):
