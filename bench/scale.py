@@ -214,7 +214,8 @@ def materialize(home: Path, env: dict, keys: list[str]) -> tuple[float, int]:
         out.write(f"\n=== {keys}\n")
         out.flush()
         proc = psutil.Popen([sys.executable, "-c", WRAPPER, str(rss_file), sys.executable, "-c", CLI, "materialize",
-                             "--select", ",".join(keys), "--jobs", "1"], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+                             "--select", ",".join(keys), "--jobs", "1"],
+                            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
         peak = 0
         while proc.poll() is None:
             peak = max(peak, tree_rss(proc))
@@ -335,7 +336,8 @@ def main() -> None:
                     home, env = homes[scale, workers]
                     results[scale, name, workers] = r = run_stage(home, env, name, keys)
                     extra = f" (tokenizer trained in {r['tokenizer_seconds']:.2f} s)" if r["tokenizer_seconds"] else ""
-                    print(f"  {scale}x {name:<16} {workers} worker(s): {r['documents']:>6} docs in {r['seconds']:7.2f} s "
+                    print(f"  {scale}x {name:<16} {workers} worker(s): {r['documents']:>6} docs in "
+                          f"{r['seconds']:7.2f} s "
                           f"({r['time_from']}) = {r['docs_per_s']:8.1f} docs/s, peak RSS {r['rss'] / 2**20:7.1f} MiB"
                           f"{extra}, load {os.getloadavg()[0]:.1f}", flush=True)
         report(results, scales, args.tasks)
@@ -348,7 +350,8 @@ def main() -> None:
 
 def report(results: dict, scales: list[int], tasks: int) -> None:
     measured = [name for name, _ in STAGES]
-    print(f"\nper stage, {tasks} tasks on both sides: documents/s with 1 and 2 workers, peak RSS of the largest process")
+    print(f"\nper stage, {tasks} tasks on both sides: documents/s with 1 and 2 workers, "
+          "peak RSS of the largest process")
     print(f"{'stage':<16} {'scale':>5} {'docs':>7} {'1 worker':>10} {'2 workers':>10} {'speed-up':>9} "
           f"{'RSS 1w MiB':>11} {'RSS 2w MiB':>11}")
     speedups = []
@@ -361,7 +364,8 @@ def report(results: dict, scales: list[int], tasks: int) -> None:
                   f"{speedup:>8.2f}x {one['rss'] / 2**20:>11.1f} {two['rss'] / 2**20:>11.1f}")
     if len(scales) > 1:
         low, high = min(scales), max(scales)
-        print(f"\npeak RSS at {high}x / {low}x (largest process, per worker count; target <= 1.3 but the dedup cluster step)")
+        print(f"\npeak RSS at {high}x / {low}x (largest process, per worker count; "
+              "target <= 1.3 but the dedup cluster step)")
         for name in measured:
             growth = [results[high, name, w]["rss"] / max(1, results[low, name, w]["rss"]) for w in (1, 2)]
             print(f"{name:<16} {growth[0]:.2f} (1 worker) {growth[1]:.2f} (2 workers)")
