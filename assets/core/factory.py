@@ -30,6 +30,7 @@ that same section, so the two cannot disagree.
 
 import dataclasses
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -191,7 +192,10 @@ def _build_and_commit(spec: OutputSpec, inputs: Inputs, path: list[str], prefix:
     out_dir = work / spec.out_name
     out_dir.mkdir(parents=True, exist_ok=True)
     inputs = inputs.but(work=work)
+    started = time.perf_counter()
     fields = spec.build(inputs, out_dir)
+    # The build's own wall time, without Dagster's start-up or the checks (a stage may state a narrower one).
+    fields.setdefault("seconds", round(time.perf_counter() - started, 3))
     manifest = commit_folder(inputs.store, prefix, out_dir, {
         **manifest_header(path, inputs.version_key, spec.code_version, spec.section, context.run.run_id),
         "upstream": inputs.upstream_versions(),

@@ -83,7 +83,7 @@ def decontaminated_asset(recipe: Recipe, source: SourceConfig, upstream_key: Ass
 
     def checks(inputs: Inputs, output: Output) -> list:
         parts = output.files()
-        return [documents_check(inputs.store, {source.name: parts}, {source.name: source.filter}),
+        return [documents_check(inputs.store, {source.name: parts}, {source.name: source.filter}, recipe.checks),
                 benchmark_check(inputs.store, parts, inputs.extra["index"])]
 
     def metadata(inputs: Inputs, output: Output) -> dict:

@@ -77,7 +77,7 @@ def deduplicated_asset(recipe: Recipe, upstream_key: Callable[[str], AssetKey]):
         # Every source's kept documents in one suite (ids unique across them), each against its own filter's
         # languages and PII settings.
         return [documents_check(inputs.store, {name: output.files(f"{name}/part-") for name in reads},
-                                {source.name: source.filter for source in recipe.sources})]
+                                {source.name: source.filter for source in recipe.sources}, recipe.checks)]
 
     def metadata(inputs: Inputs, output: Output) -> dict:
         counts = output.manifest["counts"]

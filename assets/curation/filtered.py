@@ -86,7 +86,8 @@ def filtered_asset(recipe: Recipe, source: SourceConfig):
         return {"files": written, "counts": counts, "seconds": round(seconds, 3)}
 
     def checks(inputs: Inputs, output: Output) -> list:
-        return [documents_check(inputs.store, {source.name: output.files()}, {source.name: source.filter})]
+        return [documents_check(inputs.store, {source.name: output.files()}, {source.name: source.filter},
+                                recipe.checks)]
 
     def metadata(inputs: Inputs, output: Output) -> dict:
         manifest = output.manifest

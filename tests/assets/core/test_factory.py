@@ -76,6 +76,7 @@ def test_an_output_is_built_once_and_then_reused(run, tmp_path):
     assert manifest["data_version"] == first["data_version"]
     assert [f["path"] for f in manifest["files"]] == ["part-00000.txt"]
     assert manifest["upstream"] == {} and manifest["counts"] == {"kept": 1} and manifest["code_version"].startswith("thing:v1:")
+    assert 0 <= manifest["seconds"] < 60  # the build's wall time, recorded when the build states none
     # The digest of the section the code version was made from, computed here without the project's helper.
     expected = hashlib.sha256(json.dumps(SECTION, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     assert manifest["recipe_section_sha256"] == expected
@@ -141,3 +142,23 @@ def test_checks_run_on_a_reused_output_too(run):
     for result, _ in (run(asset), run(asset)):
         assert [e.passed for e in result.get_asset_check_evaluations()] == [True]
     assert len(seen) == 2 and seen[0] == seen[1]
+
+
+def test_a_resumable_build_that_fails_continues_in_the_same_folder_which_goes_once_committed(run, tmp_path):
+    folders = []
+
+    def build(inputs: Inputs, out_dir):
+        folders.append(inputs.work)
+        done = inputs.work / "done-before-the-kill"
+        if not done.exists():  # the first attempt leaves work behind and dies
+            done.touch()
+            raise RuntimeError("killed half-way")
+        (out_dir / "part-00000.txt").write_text("finished")
+        return {"counts": {"kept": 1}}
+
+    asset = _asset(build, resumable=True)
+    with pytest.raises(StepFailed, match="killed half-way"):
+        run(asset)
+    _, result = run(asset)
+    assert folders[0] == folders[1] == tmp_path / "work" / "resume" / "test" / "thing" / result["version_key"]
+    assert not folders[0].exists()  # removed once the output is committed
