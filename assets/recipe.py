@@ -31,10 +31,9 @@ from pipelines.tokenize import PackingConfig, TokenizerConfig
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEMO_RECIPE = REPO_ROOT / "recipes" / "demo.yaml"
 
-# Reader settings that never change what ingest produces: `workers` is deprecated and ignored (ingest runs as
-# the executor's tasks, whose count never changes the output), and the threshold only decides whether to fail.
-# Leaving them out of the code version means setting them does not make the asset stale.
-READER_FIELDS_NOT_VERSIONED = ("workers", "max_bad_fraction")
+# Reader settings that never change what ingest produces: the threshold only decides whether to fail. Leaving
+# it out of the code version means setting it does not make the asset stale.
+READER_FIELDS_NOT_VERSIONED = ("max_bad_fraction",)
 
 
 class RecipeError(ValueError):

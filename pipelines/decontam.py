@@ -47,6 +47,9 @@ _WORD = re.compile(r"\w+")
 class DecontamConfig:
     """The recipe's `decontamination` section. Benchmark paths are relative to the recipe's base_dir."""
 
+    # A misspelt or retired setting in the recipe is refused by name when pydantic reads it, not ignored.
+    __pydantic_config__ = {"extra": "forbid"}
+
     benchmarks: tuple[str, ...] = ()  # JSONL (.gz or not) or plain-text files; none = nothing to remove
     ngram: int = 13  # words per n-gram (GPT-3 / OLMo use 13)
     action: Literal["drop", "cut"] = "drop"  # drop the whole document, or cut the matching spans out

@@ -36,6 +36,9 @@ _MIX2 = np.uint64(0x94D049BB133111EB)
 class DedupConfig:
     """The recipe's `dedup` section. Defaults are FineWeb's (5-gram shingles, 14 bands x 8 rows)."""
 
+    # A misspelt or retired setting in the recipe is refused by name when pydantic reads it, not ignored.
+    __pydantic_config__ = {"extra": "forbid"}
+
     exact: bool = True  # remove documents whose normalized text is identical
     near: bool = True  # remove near-duplicates found by MinHash LSH
     ngram: int = 5  # words per shingle

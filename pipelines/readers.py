@@ -44,6 +44,9 @@ RESERVED_METADATA = ("source", "url", "origin")
 class ReaderConfig:
     """How one source's files are read. A recipe's `sources[].reader` section (pydantic mirrors these fields)."""
 
+    # A misspelt or retired setting in the recipe is refused by name when pydantic reads it, not ignored.
+    __pydantic_config__ = {"extra": "forbid"}
+
     text_fields: tuple[str, ...] = ("text",)  # jsonl/parquet: fields joined by "\n\n" make the text; all required
     id_field: str = "id"  # jsonl/parquet: an id given here is kept as is (a non-string one as its str())
     url_field: str = "url"  # jsonl/parquet: looked up at the top level, then inside "metadata"
@@ -52,9 +55,8 @@ class ReaderConfig:
     min_text_chars: int = 1  # texts shorter than this (blank edges aside) are skipped as "empty"; 0 keeps them
     max_document_bytes: int = 8 * 2**20  # larger payloads/texts are bad as "oversized"
     max_bad_fraction: float = 0.1  # ingest fails (BadInputError) when bad / (documents + bad) exceeds this
-    # Deprecated and ignored: ingest runs as the executor's tasks (PRETRAIN_EXECUTOR_WORKERS, _TASKS). Still
-    # accepted so that older recipes load; it never was part of the output (not versioned, assets/recipe.py).
-    workers: int | None = None
+    # No `workers`: ingest runs as the executor's tasks (PRETRAIN_EXECUTOR_WORKERS, PRETRAIN_EXECUTOR_TASKS); a
+    # recipe that still sets reader.workers is refused by name rather than silently ignored.
     docs_per_shard: int = 10_000  # documents per part file (each input file's documents start a part of their own)
 
     def __post_init__(self):
@@ -70,8 +72,6 @@ class ReaderConfig:
             raise ValueError(f"max_document_bytes must be >= 1, got {self.max_document_bytes}")
         if not 0.0 <= self.max_bad_fraction <= 1.0:
             raise ValueError(f"max_bad_fraction must be within [0, 1], got {self.max_bad_fraction}")
-        if self.workers is not None and self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.docs_per_shard < 1:
             raise ValueError(f"docs_per_shard must be >= 1, got {self.docs_per_shard}")
 

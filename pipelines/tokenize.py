@@ -39,6 +39,9 @@ UINT16_VOCAB = 1 << 16  # token ids 0..65535 fit uint16
 class TokenizerConfig:
     """The recipe's `tokenizer` section: train a byte-level BPE on a sample of every source, or adopt a file."""
 
+    # A misspelt or retired setting in the recipe is refused by name when pydantic reads it, not ignored.
+    __pydantic_config__ = {"extra": "forbid"}
+
     path: str | None = None  # adopt this tokenizer.json (relative to the recipe's base_dir) instead of training
     vocab_size: int = 8192  # training: the vocabulary, special tokens included
     min_frequency: int = 2  # training: a merge needs at least this many occurrences
@@ -61,6 +64,9 @@ class TokenizerConfig:
 @dataclass(frozen=True, kw_only=True)
 class PackingConfig:
     """The recipe's `packing` section."""
+
+    # A misspelt or retired setting in the recipe is refused by name when pydantic reads it, not ignored.
+    __pydantic_config__ = {"extra": "forbid"}
 
     val_fraction: float = 0.01  # share of documents held out for validation (chosen by a hash of the id)
     split_seed: int = 0

@@ -514,7 +514,7 @@ def test_too_many_bad_records_raise_naming_the_source(tmp_path):
 
 
 def test_config_and_call_errors(tmp_path):
-    with pytest.raises(ValueError, match="workers"):
+    with pytest.raises(TypeError, match="workers"):  # parallelism is the executor's (PRETRAIN_EXECUTOR_WORKERS)
         ReaderConfig(workers=0)
     with pytest.raises(ValueError, match="format"):
         ingest_source(name="x", inputs=[GSM8K], format="csv", reader=ReaderConfig(), out_dir=tmp_path / "a")

