@@ -168,7 +168,7 @@ def test_the_stages_write_nested_source_parts_to_s3(tmp_path, monkeypatch, capsy
 def test_a_killed_dedup_materialized_again_runs_only_the_unfinished_tasks(tmp_path, monkeypatch, capfd, shared_data):
     from pipelines.dedup_clusters import DedupRemoval
     from pipelines.dedup_stage import deduplicate
-from pipelines.runner import LocalRunner
+    from pipelines.runner import LocalRunner
     from pipelines.dedup_steps import Shard
 
     mirror = tmp_path / "mirror.jsonl"
