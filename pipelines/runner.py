@@ -91,9 +91,14 @@ def stat_totals(stats_path: Path, step: str | None = None) -> Counter:
 
 
 class LocalRunner:
-    """datatrove's LocalPipelineExecutor through run_resumable: `workers` tasks at once (1: in this process), for
-    `tasks` tasks per stage when set, else each stage's own count. The run()/tasks_for() of ExecutorResource,
-    for engine code and tests that run without Dagster."""
+    """datatrove's local tasks through run_resumable: `workers` tasks at once (1: one after another in this
+    process), for `tasks` tasks per stage when set, else each stage's own count. The run()/tasks_for() of
+    ExecutorResource, for engine code and tests that run without Dagster.
+
+    Not LocalPipelineExecutor.run(): it forks a multiprocess Manager from this process even for one worker, and
+    a fork of a threaded process (a Dagster run, a test session with a Ray or S3 client) can deadlock in the child
+    on a lock another thread held. Each task runs datatrove's own _run_for_rank (logs, stats, completion marker),
+    in this process or in a pool of fresh (spawned) processes, which also see the environment as it is now."""
 
     def __init__(self, workers: int = 1, tasks: int | None = None):
         if workers < 1:
@@ -107,7 +112,28 @@ class LocalRunner:
         from datatrove.executor import LocalPipelineExecutor
 
         def launch() -> None:
-            LocalPipelineExecutor(pipeline, tasks=tasks, workers=min(self.workers, tasks),
-                                  logging_dir=str(logging_dir), skip_completed=True).run()
+            executor = LocalPipelineExecutor(pipeline, tasks=tasks, workers=min(self.workers, tasks),
+                                             logging_dir=str(logging_dir), skip_completed=True)
+            ranks = executor.get_incomplete_ranks(range(tasks))
+            executor.save_executor_as_json()
+            workers = min(self.workers, len(ranks))
+            if workers <= 1:
+                for rank in ranks:
+                    _run_task(executor, pipeline, rank, 0)
+                return
+            import multiprocess  # datatrove's dill-pickling multiprocessing: steps defined anywhere pickle
+
+            with multiprocess.get_context("spawn").Pool(workers) as pool:
+                # Only one process in each batch logs to the console (local_rank 0), as datatrove's pool does.
+                for _ in pool.starmap(_run_task, [(executor, pipeline, rank, i % workers) for i, rank in enumerate(ranks)]):
+                    pass
 
         return run_resumable(launch, logging_dir=logging_dir, tasks=tasks)
+
+
+def _run_task(executor, pipeline: list, rank: int, local_rank: int) -> None:
+    """One task: a fresh copy of the steps (their stats start at zero), datatrove's run for that rank."""
+    from copy import deepcopy
+
+    executor.pipeline = deepcopy(pipeline)
+    executor._run_for_rank(rank, local_rank)
