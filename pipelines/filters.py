@@ -2,7 +2,7 @@
 
     steps = filter_pipeline(FilterConfig(language=LanguageConfig(languages=("en", "de"))),
                             input_dir=Path("raw/web"), output_dir=Path("out/web"), lists_root=Path("recipes"))
-    LocalPipelineExecutor(steps, tasks=1, workers=1, logging_dir="logs").run()
+    LocalRunner().run(steps, logging_dir=Path("logs"), tasks=1)   # pipelines/runner.py
     counts = filter_counts(Path("logs"))   # {"in", "kept", "dropped": {reason: n}, "pii": {type: n}}
 
 writes, per input file raw/web/<part>.jsonl.gz, out/web/<part>.jsonl.gz (kept documents, PII replaced by typed

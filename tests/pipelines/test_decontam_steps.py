@@ -2,8 +2,8 @@
 same bytes for 1, 2 and 4 tasks on 1 or 2 workers, every document counted in the merged stats, parts streamed
 from S3 equal to the same parts on disk."""
 
-from datatrove.executor import LocalPipelineExecutor
 
+from pipelines.runner import LocalRunner
 from pipelines.decontam import DecontamConfig
 from pipelines.decontam_steps import DecontamShards, decontam_counts, written_files
 from pipelines.shards import iter_documents
@@ -14,7 +14,7 @@ from tests.pipelines.test_decontam import BENCH, first_record, index, pages, pla
 def run_scan(store, keys, index_path, out, logs, tasks, workers, config=DecontamConfig()):
     step = DecontamShards(store=store, keys=keys, index_path=str(index_path), config=config, output_dir=str(out),
                           records_dir=str(logs / "records"))
-    LocalPipelineExecutor([step], tasks=tasks, workers=workers, logging_dir=str(logs)).run()
+    LocalRunner(workers=workers).run([step], logging_dir=logs, tasks=tasks)
     return {p.name: p.read_bytes() for p in sorted(out.iterdir())}, logs / "stats.json"
 
 

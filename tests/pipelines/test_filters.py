@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 from datatrove.data import Document
-from datatrove.executor import LocalPipelineExecutor
 from datatrove.pipeline.filters import GopherQualityFilter
 
+from pipelines.runner import LocalRunner
 from pipelines.filters import (
     C4Config,
     CodeConfig,
@@ -67,7 +67,7 @@ def run_filters(config: FilterConfig, docs: list[dict], tmp_path: Path, model_pa
     with gzip.open(inp / "part-00000.jsonl.gz", "wt") as f:
         f.writelines(json.dumps(d) + "\n" for d in docs)
     steps = filter_pipeline(config, input_dir=inp, output_dir=out, lists_root=LISTS, model_path=model_path)
-    LocalPipelineExecutor(steps, tasks=1, workers=1, logging_dir=str(logs), skip_completed=False).run()
+    LocalRunner().run(steps, logging_dir=logs, tasks=1)
     kept = [d for p in sorted(out.glob("part-*.jsonl.gz")) for d in iter_documents(p)]
     rejected = [d for p in sorted(out.glob("rejected-*.jsonl.gz")) for d in iter_documents(p)]
     return kept, rejected, filter_counts(logs)

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
-from datatrove.executor import LocalPipelineExecutor
 
+from pipelines.runner import LocalRunner
 from pipelines.pack import (
     PackIndex,
     PackShards,
@@ -57,9 +57,9 @@ def parts(tmp_path_factory) -> tuple[LocalStore, dict[str, list[str]], dict[str,
 
 def pack(store, keys, out: Path, logs: Path, tasks: int, workers: int, config=PackingConfig(val_fraction=0.1)):
     step = PackShards(store=store, keys=keys, tokenizer_file=str(GPT2), eos_id=EOS, config=config, output_dir=str(out))
-    LocalPipelineExecutor([step], tasks=tasks, workers=workers, logging_dir=str(logs / "pack")).run()
+    LocalRunner(workers=workers).run([step], logging_dir=logs / "pack", tasks=tasks)
     index = PackIndex(output_dir=str(out), shards=[shard_name(k) for k in keys], vocab_size=50257, eos_id=EOS)
-    LocalPipelineExecutor([index], tasks=1, logging_dir=str(logs / "index")).run()
+    LocalRunner().run([index], logging_dir=logs / "index", tasks=1)
     files = {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
     return files, logs / "pack" / "stats.json"
 
@@ -106,7 +106,7 @@ def test_the_tokenizer_sample_from_tasks_is_the_sample_of_the_whole(parts, tmp_p
     for tasks, workers in ((1, 1), (3, 2)):
         out = tmp_path / f"sample-{tasks}"
         step = SampleShards(store=store, sources=keys, config=config, output_dir=str(out))
-        LocalPipelineExecutor([step], tasks=tasks, workers=workers, logging_dir=str(tmp_path / f"logs-{tasks}")).run()
+        LocalRunner(workers=workers).run([step], logging_dir=tmp_path / f"logs-{tasks}", tasks=tasks)
         assert merged_sample(out, keys, config) == expected
         assert step_stats(tmp_path / f"logs-{tasks}" / "stats.json", SampleShards.name)["shards"] == 8
     per_source = {name: sum(len(t.encode()) for t in expected if t in {d["text"] for d in docs[name]}) for name in docs}

@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
-from datatrove.executor import LocalPipelineExecutor
 from datatrove.pipeline.base import PipelineStep
 
+from pipelines.runner import LocalRunner
 from pipelines.shards import INPUT_SHARD, GzipLines, InputShardReader, InputShardWriter, ShardWriter, iter_documents
 
 GSM8K = Path(__file__).resolve().parents[3] / "shared" / "data" / "math" / "gsm8k_train.jsonl"
@@ -142,7 +142,7 @@ class _DropOdd(PipelineStep):
 def shard_stage(in_dir: Path, out_dir: Path, logs: Path, *, tasks: int, workers: int) -> dict[str, bytes]:
     steps = [InputShardReader(str(in_dir), glob_pattern="part-*.jsonl.gz"),
              _DropOdd(InputShardWriter(str(out_dir), prefix="rejected-")), InputShardWriter(str(out_dir))]
-    LocalPipelineExecutor(steps, tasks=tasks, workers=workers, logging_dir=str(logs)).run()
+    LocalRunner(workers=workers).run(steps, logging_dir=logs, tasks=tasks)
     return {p.name: p.read_bytes() for p in sorted(out_dir.iterdir())}
 
 
@@ -195,7 +195,7 @@ def test_the_input_shard_reader_reads_a_folder_in_a_bucket_like_one_on_disk(tmp_
     steps = [InputShardReader(f"s3://{s3.bucket}/raw/v1", glob_pattern="part-*.jsonl.gz"),
              _DropOdd(InputShardWriter(str(tmp_path / "out-s3"), prefix="rejected-")),
              InputShardWriter(str(tmp_path / "out-s3"))]
-    LocalPipelineExecutor(steps, tasks=2, workers=1, logging_dir=str(tmp_path / "logs-s3")).run()
+    LocalRunner().run(steps, logging_dir=tmp_path / "logs-s3", tasks=2)
     assert {p.name: p.read_bytes() for p in sorted((tmp_path / "out-s3").iterdir())} == on_disk
     # A file:// URI (a local store's uri()) is its folder.
     assert InputShardReader((tmp_path / "in").as_uri()).data_folder.path == str(tmp_path / "in")
