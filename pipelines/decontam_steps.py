@@ -21,6 +21,7 @@ from pathlib import Path
 from datatrove.pipeline.base import PipelineStep
 
 from pipelines.decontam import BenchmarkIndex, DecontamConfig, Decontaminator, check_ngram, decontaminate_part, output_names
+from pipelines.runner import stat_totals
 from pipelines.shards import store_documents
 
 
@@ -71,11 +72,7 @@ class DecontamShards(PipelineStep):
 def decontam_counts(stats_path: Path, benchmarks: list[str]) -> dict:
     """The asset's counts from a run's merged stats.json: in, kept, dropped by reason, cut, chars_cut, spans_cut,
     hits (documents per benchmark)."""
-    totals: dict[str, int] = {}
-    for step in json.loads(Path(stats_path).read_text()):
-        if step["name"].split(": ", 1)[-1] == DecontamShards.name:
-            for key, value in step["stats"].items():
-                totals[key] = totals.get(key, 0) + int(value["total"] if isinstance(value, dict) else value)
+    totals = stat_totals(stats_path, step=DecontamShards.name)
     dropped = totals.get("dropped_contaminated", 0)
     return {"in": totals.get("documents_in", 0), "kept": totals.get("kept", 0),
             "dropped": {"contaminated": dropped} if dropped else {}, "cut": totals.get("cut", 0),

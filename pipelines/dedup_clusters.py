@@ -31,7 +31,8 @@ import numpy as np
 import orjson
 from datatrove.pipeline.base import PipelineStep
 
-from pipelines.dedup_steps import SHARD_COMPRESSLEVEL, Shard, output_names, read_unit_index, unit_file, write_atomic_text
+from storage.objects import write_atomic
+from pipelines.dedup_steps import SHARD_COMPRESSLEVEL, Shard, output_names, read_unit_index, unit_file
 
 PAIR_CHUNK = 1 << 22  # pairs merged at once (64 MB of int64 pairs)
 KEEP = "keep"
@@ -215,7 +216,7 @@ class DedupRemoval(PipelineStep):
             self.stat_update(f"removed_{reason}", value=n)
         files = [{"path": name, "records": w.records}
                  for name, w in ((kept_name, kept), (removed_name, removed)) if w.records]
-        write_atomic_text(unit_file(self.work_dir, "removal", unit, ".json"), json.dumps({"files": files}))
+        write_atomic(unit_file(self.work_dir, "removal", unit, ".json"), [json.dumps({"files": files}).encode()])
 
 
 class _LazyGzip:

@@ -39,6 +39,7 @@ from typing import Sequence
 
 from pipelines.dedup import DedupConfig
 from pipelines.runner import LocalRunner, stat_totals
+from storage.objects import write_atomic
 from pipelines.dedup_clusters import DedupClusters, DedupRemoval
 from pipelines.dedup_steps import (
     DedupBuckets,
@@ -47,7 +48,6 @@ from pipelines.dedup_steps import (
     bucket_units,
     output_names,
     unit_file,
-    write_atomic_text,
 )
 
 # Documents per bucket task by default: a bucket phase over 250,000 documents takes about as long as starting a
@@ -135,7 +135,7 @@ def _write_unit_index(units: list[Shard], config: DedupConfig, work_dir: Path) -
         rows.append({"source": shard.source, "shard": str(shard.path), "documents": record["documents"], "offset": offset})
         offset += record["documents"]
     index = {"documents": offset, "partitions": max(1, math.ceil(offset / config.bucket_docs)), "units": rows}
-    write_atomic_text(work_dir / "units.json", json.dumps(index))
+    write_atomic(work_dir / "units.json", [json.dumps(index).encode()])
     return index
 
 

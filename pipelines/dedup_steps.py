@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -37,6 +36,7 @@ import orjson
 import xxhash
 from datatrove.pipeline.base import PipelineStep
 
+from storage.objects import write_atomic
 from pipelines.dedup import DedupConfig, MinHasher, WordHasher, estimated_jaccard, ngram_hashes, normalized_words, run_pairs
 from pipelines.inputs import as_input, open_input
 from storage.objects import ObjectStore
@@ -102,12 +102,6 @@ def read_unit_index(work_dir: Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"dedup: {path} is missing: the signature phase has not completed")
     return json.loads(path.read_text())
-
-
-def write_atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _my_units(count: int, rank: int, world_size: int) -> range:
@@ -194,7 +188,7 @@ class DedupSignatures(PipelineStep):
         order = np.lexsort((exact[:, 1], exact[:, 0]))
         exact[order].tofile(path(".exact"))
         order.astype(np.uint32).tofile(path(".exact_lines"))
-        write_atomic_text(path(".json"), json.dumps({"source": shard.source, "shard": str(shard.path), "documents": n}))
+        write_atomic(path(".json"), [json.dumps({"source": shard.source, "shard": str(shard.path), "documents": n}).encode()])
         self.stat_update("documents", value=n)
 
 

@@ -30,7 +30,6 @@ the parallelism; there is no process pool of our own).
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from pipelines.inputs import Input, as_input, input_name
 from pipelines.readers import FORMATS, InputRecord, ReaderConfig, read_inputs, shorten
 from pipelines.runner import LocalRunner, stat_totals
 from pipelines.shards import GzipLines, ShardWriter
+from storage.objects import write_atomic
 
 SHARD_COMPRESSLEVEL = 3  # ~2x faster than 6 for ~10% larger shards: they are intermediate data
 LISTING_FOLDER = "files"  # under the logging dir: per input, the parts it gave
@@ -160,15 +160,9 @@ class IngestStep(PipelineStep):
             "parts": parts.files,
             "rejected": {"path": rejected.path.name, "records": rejected.records} if rejected is not None else None,
         }
-        _write_atomically(self.listing_dir / f"{index:05d}.json", json.dumps(listing))
+        write_atomic(self.listing_dir / f"{index:05d}.json", [json.dumps(listing).encode()])
         logger.info(f"{self.source}: input {index} ({input_name(location)}): {counts['records']} records, "
                     f"{counts['documents']} documents, {sum(v for k, v in counts.items() if k.startswith('bad_'))} bad")
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------------------------------------------------

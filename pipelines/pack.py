@@ -20,7 +20,6 @@ Counts go to datatrove's stats (documents, tokens per split) and are read back f
 from __future__ import annotations
 
 import gzip
-import json
 import os
 from pathlib import Path, PurePosixPath
 
@@ -155,20 +154,6 @@ def merged_sample(sample_dir: Path, sources: dict[str, list[str]], config: Token
                         yield record["key"], record["text"]
         texts += [text for _, text in bottom_sample(keyed(), budget)]
     return texts
-
-
-def step_stats(stats_path: Path, step_name: str) -> dict[str, int]:
-    """The totals of one step's stats in a run's merged stats.json ({} when the step counted nothing)."""
-    totals: dict[str, int] = {}
-    for step in json.loads(Path(stats_path).read_text()):
-        if step["name"].split(": ", 1)[-1] != step_name:
-            continue
-        for key, value in step["stats"].items():
-            if isinstance(value, dict) and "total" in value:
-                totals[key] = totals.get(key, 0) + int(value["total"])
-            elif isinstance(value, (int, float)):
-                totals[key] = totals.get(key, 0) + int(value)
-    return totals
 
 
 def split_counts(stats: dict[str, int]) -> dict[str, dict[str, int]]:

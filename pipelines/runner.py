@@ -22,6 +22,11 @@ from pathlib import Path
 from typing import Callable
 
 
+def tasks_for(setting: int | None, default: int) -> int:
+    """A stage's task count: the runner's setting when it has one, else the stage's natural count (at least 1)."""
+    return setting if setting is not None else max(1, int(default))
+
+
 def run_resumable(launch: Callable[[], None], *, logging_dir: Path, tasks: int, label: str = "local") -> Path:
     """Call `launch()` (which runs the pipeline's incomplete tasks with skip_completed) unless every task has
     completed already; return the merged stats.json of all `tasks`. Raises naming the tasks that did not finish."""
@@ -106,7 +111,7 @@ class LocalRunner:
         self.workers, self.tasks = workers, tasks
 
     def tasks_for(self, default: int) -> int:
-        return self.tasks if self.tasks is not None else max(1, int(default))
+        return tasks_for(self.tasks, default)
 
     def run(self, pipeline: list, *, logging_dir: Path, tasks: int) -> Path:
         from datatrove.executor import LocalPipelineExecutor

@@ -4,9 +4,9 @@
 
 One method for every kind, so moving a stage to a cluster changes no asset code:
 
-- `local` (the default) runs datatrove's LocalPipelineExecutor on this machine. With one worker it runs the tasks
-  in this process, one after another (no process start-up, no pickling of the steps); with more it uses a
-  forkserver pool, which needs the `if __name__ == "__main__":` guard in any script that ends up here (STACK.md).
+- `local` (the default) runs the tasks on this machine (pipelines/runner.py's LocalRunner). With one worker it
+  runs them in this process, one after another (no process start-up, no pickling of the steps); with more, in a
+  pool of spawned processes, which needs the `if __name__ == "__main__":` guard in any script that ends up here.
 - `ray` runs datatrove's RayPipelineExecutor on the Ray cluster at `ray_address` (None: a one-node cluster
   started in this process), `workers` tasks at once, each reserving `cpus_per_task` CPUs.
 - `slurm` submits datatrove's SlurmPipelineExecutor (an sbatch job array on `slurm_partition`, without datatrove's
@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Literal, Mapping, get_args
 
 from dagster import ConfigurableResource
-
-from pipelines.runner import LocalRunner, run_resumable
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipelines.runner import LocalRunner, run_resumable, tasks_for
 
 Kind = Literal["local", "ray", "slurm"]
 KINDS = get_args(Kind)
@@ -128,7 +128,7 @@ class ExecutorResource(ConfigurableResource):
     def tasks_for(self, default: int) -> int:
         """The task count for a stage whose natural count is `default` (e.g. its input files): the resource's
         `tasks` when set, else `default` (at least 1)."""
-        return self.tasks if self.tasks is not None else max(1, int(default))
+        return tasks_for(self.tasks, default)
 
     def run(self, pipeline: list, *, logging_dir: str | Path, tasks: int = 1) -> Path:
         """Run the steps as `tasks` datatrove tasks (each reads its share of the input), resuming the tasks a
@@ -136,8 +136,6 @@ class ExecutorResource(ConfigurableResource):
 
         Returns the path of the merged stats.json of every task (per step: name and stats), which is what a
         stage reads its counts from whatever the kind. Raises when any task did not complete."""
-        if tasks < 1:
-            raise ValueError(f"executor: tasks must be >= 1, got {tasks}")
         self.validate()
         logging_dir = Path(logging_dir)
         if self.kind == "local":

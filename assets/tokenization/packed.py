@@ -18,7 +18,8 @@ from assets.core.upstream import Output
 from assets.plots import bar_chart
 from assets.recipe import Recipe
 from assets.tokenization.tokenizer import TOKENIZER_FILE, tokenizer_key
-from pipelines.pack import PackIndex, PackShards, shard_name, split_counts, step_stats
+from pipelines.pack import PackIndex, PackShards, shard_name, split_counts
+from pipelines.runner import stat_totals
 from pipelines.packed_format import INDEX_FILE
 
 # Bump when the code changes what it writes for the same settings.
@@ -60,7 +61,7 @@ def packed_asset(recipe: Recipe, source_name: str, upstream_key: Callable[[str],
                                eos_id=info["eos_id"])
         executor.run([index_step], logging_dir=inputs.work / "logs" / "index", tasks=1)
         index = json.loads((out_dir / INDEX_FILE).read_text())
-        counts = split_counts(step_stats(stats_path, PackShards.name))
+        counts = split_counts(stat_totals(stats_path, step=PackShards.name))
         for split, split_info in index["splits"].items():  # every document the tasks counted is in the index
             assert counts[split] == {"tokens": split_info["tokens"], "documents": split_info["documents"]}, (split, counts)
         return {"tokenizer": {"sha256": info["sha256"], "vocab_size": info["vocab_size"]},

@@ -19,7 +19,8 @@ from assets.core.factory import Inputs, OutputSpec, output_asset
 from assets.core.upstream import Output
 from assets.core.versioning import file_fingerprints
 from assets.recipe import Recipe
-from pipelines.pack import SampleShards, merged_sample, step_stats
+from pipelines.pack import SampleShards, merged_sample
+from pipelines.runner import stat_totals
 from pipelines.tokenize import adopt_tokenizer, round_trip_failures, special_ids, train_tokenizer
 
 # Bump when the code changes what it writes for the same settings.
@@ -73,7 +74,7 @@ def tokenizer_asset(recipe: Recipe, upstream_key: Callable[[str], AssetKey]):
             stats_path = executor.run([step], logging_dir=inputs.work / "logs" / "sample",
                                       tasks=executor.tasks_for(sum(map(len, sources.values()))))
             texts = merged_sample(sample_dir, sources, config)
-            inputs.log.info(f"sampled {step_stats(stats_path, SampleShards.name).get('sampled_documents', 0)} "
+            inputs.log.info(f"sampled {stat_totals(stats_path, step=SampleShards.name)['sampled_documents']} "
                             f"document(s) from {sum(map(len, sources.values()))} part(s); merged: {len(texts)}")
             sampled = sum(len(t.encode("utf-8")) for t in texts)
             inputs.log.info(f"training a {config.vocab_size}-token BPE on {len(texts)} texts, {sampled:,} bytes")

@@ -13,7 +13,7 @@ import numpy as np
 import orjson
 import pytest
 
-from pipelines.runner import LocalRunner
+from pipelines.runner import LocalRunner, stat_totals
 from pipelines.pack import (
     PackIndex,
     PackShards,
@@ -21,7 +21,6 @@ from pipelines.pack import (
     merged_sample,
     shard_name,
     split_counts,
-    step_stats,
 )
 from pipelines.packed_format import INDEX_FILE
 from pipelines.shards import store_documents
@@ -81,7 +80,7 @@ def test_packing_in_tasks_gives_the_same_bytes_and_one_stream_in_input_order(par
         assert files == expected, (tasks, workers)
 
     index = json.loads(expected[INDEX_FILE])
-    counts = split_counts(step_stats(stats, PackShards.name))
+    counts = split_counts(stat_totals(stats, step=PackShards.name))
     assert {s: {"tokens": index["splits"][s]["tokens"], "documents": index["splits"][s]["documents"]}
             for s in ("train", "val")} == counts
     assert counts["train"]["documents"] + counts["val"]["documents"] == len(docs["math"])
@@ -108,7 +107,7 @@ def test_the_tokenizer_sample_from_tasks_is_the_sample_of_the_whole(parts, tmp_p
         step = SampleShards(store=store, sources=keys, config=config, output_dir=str(out))
         LocalRunner(workers=workers).run([step], logging_dir=tmp_path / f"logs-{tasks}", tasks=tasks)
         assert merged_sample(out, keys, config) == expected
-        assert step_stats(tmp_path / f"logs-{tasks}" / "stats.json", SampleShards.name)["shards"] == 8
+        assert stat_totals(tmp_path / f"logs-{tasks}" / "stats.json", step=SampleShards.name)["shards"] == 8
     per_source = {name: sum(len(t.encode()) for t in expected if t in {d["text"] for d in docs[name]}) for name in docs}
     assert all(0 < n <= 60_000 for n in per_source.values()), per_source
 
@@ -127,7 +126,7 @@ def test_a_packing_run_killed_after_some_tasks_reruns_only_the_rest(parts, tmp_p
                           config=PackingConfig(val_fraction=0.1), output_dir=str(out))
         return executor.run([step], logging_dir=logs, tasks=4)
 
-    stats = step_stats(run(), PackShards.name)
+    stats = stat_totals(run(), step=PackShards.name)
     whole = {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
     # "Kill" task 1 (its share: part 1): its marker, stats and one of its files gone, a half-written temporary
     # file left behind.
@@ -136,7 +135,7 @@ def test_a_packing_run_killed_after_some_tasks_reruns_only_the_rest(parts, tmp_p
     (out / "train" / "part-00001.tokens.bin").unlink()
     (out / "train" / ".part-00001.tokens.bin.tmp").write_bytes(b"half")
     untouched = {p: p.stat().st_mtime_ns for p in out.rglob("*part-00003*")}
-    assert step_stats(run(), PackShards.name) == stats  # the merged counts of old and new tasks
+    assert stat_totals(run(), step=PackShards.name) == stats  # the merged counts of old and new tasks
     assert {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == whole
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*part-00003*")} == untouched  # task 3 did not run again
 
