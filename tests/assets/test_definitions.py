@@ -23,7 +23,7 @@ def test_real_defs_load():
     for key in expected:
         node = graph.get(key)
         assert node.group_name == "curation"
-        assert node.code_version.startswith("raw_crawl:v1:")
+        assert node.code_version.startswith("raw_crawl:v2:")
         assert node.description
 
 
@@ -51,7 +51,7 @@ def test_code_versions_differ_per_source_and_follow_the_section(tmp_path):
     # Exactly the asset that reads sources[web].filter: everything downstream of it goes stale through its data
     # version (its version key includes the upstream data versions), not through its own code version.
     assert {k for k in versions if before[k] != after[k]} == {"curation/web/filtered"}
-    assert after["curation/web/filtered"].startswith("filtered:v1:")
+    assert after["curation/web/filtered"].startswith("filtered:v2:")
 
 
 def test_workspace_yaml_points_at_defs():
