@@ -2,14 +2,21 @@
 
     cfg = MixingConfig(prior={"web": 0.6, "code": 0.2, "books": 0.2}, candidates=16)
     mixtures = candidate_mixtures(cfg)                 # one proxy run per mixture (a Dagster partition)
+    later = candidate_mixtures(cfg, tick=1733454000)   # a scheduled tick's own draws (seeded by the tick)
     fit = fit_mixture_regression(mixtures, losses)     # losses[i]: the target loss of mixtures[i]
     best = best_mixture(fit, cfg)                      # argmin of the fitted loss over many mixtures
 
 Candidates are drawn from a Dirichlet centred on the prior (concentration × prior), seeded, so a
-sweep is reproducible and its partitions keep their names when re-run. The regression is ridge
-regression on the weights and their pairwise products (RegMix finds mixture effects smooth enough
-for a low-order model); the best mixture is searched among many fresh Dirichlet samples, so it stays
-where the proxy runs gave evidence rather than at a corner the regression extrapolates to.
+sweep is reproducible and its partitions keep their names when re-run. A scheduled sweep draws new
+candidates at each tick, seeded by (seed, tick): the same tick draws the same mixtures, the next one
+others, so every tick adds evidence and the fit is over the runs of all ticks together.
+
+The regression is ridge regression on the weights and their pairwise products (RegMix finds mixture
+effects smooth enough for a low-order model). That quadratic model has 1 + k + k(k+1)/2 features for k
+sources (21 for 5): with fewer runs than that it would interpolate noise, so the fit falls back to the
+linear model (an intercept and k-1 weights, the last being implied by the sum to 1) and says why
+(`MixtureFit.model`, `.warning`). The best mixture is searched among many fresh Dirichlet samples, so it
+stays where the proxy runs gave evidence rather than at a corner the regression extrapolates to.
 Pure numpy: no torch, no Dagster.
 """
 
@@ -54,12 +61,16 @@ class MixingConfig:
         return w / w.sum()
 
 
-def _dirichlet(cfg: MixingConfig, n: int, stream: int) -> np.ndarray:
+# Random streams of one seed: the base sweep's draws, the best-mixture search pool, each tick's draws.
+SWEEP_STREAM, SEARCH_STREAM, TICK_STREAM = 0, 1, 2
+
+
+def _dirichlet(cfg: MixingConfig, n: int, *stream: int) -> np.ndarray:
     # A zero prior weight would give a degenerate Dirichlet: such a source is simply never mixed in.
     alpha = cfg.concentration * cfg.prior_vector()
     live = alpha > 0
     out = np.zeros((n, len(alpha)))
-    out[:, live] = np.random.default_rng([cfg.seed, stream]).dirichlet(alpha[live], size=n)
+    out[:, live] = np.random.default_rng([cfg.seed, *stream]).dirichlet(alpha[live], size=n)
     return out
 
 
@@ -69,16 +80,48 @@ def mixture_name(weights: dict[str, float]) -> str:
     return "mix-" + hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
-def candidate_mixtures(cfg: MixingConfig) -> list[dict[str, float]]:
-    """The sweep: the prior itself first (a baseline the fit must beat), then Dirichlet draws."""
-    rows = np.vstack([cfg.prior_vector()[None], _dirichlet(cfg, cfg.candidates - 1, stream=0)])
+def candidate_mixtures(cfg: MixingConfig, tick: int | None = None) -> list[dict[str, float]]:
+    """The base sweep (no tick): the prior itself first (a baseline the fit must beat), then Dirichlet draws.
+    A scheduled tick (a whole number, e.g. its time in epoch seconds): `candidates` fresh draws seeded by
+    (seed, tick), none of them the prior, which the base sweep has run."""
+    if tick is None:
+        rows = np.vstack([cfg.prior_vector()[None], _dirichlet(cfg, cfg.candidates - 1, SWEEP_STREAM)])
+    else:
+        if tick < 0:
+            raise ValueError(f"a tick seeds the draw and must be >= 0, got {tick}")
+        rows = _dirichlet(cfg, cfg.candidates, TICK_STREAM, tick)
     return [{s: float(w) for s, w in zip(cfg.sources, row)} for row in rows]
 
 
-def _features(w: np.ndarray) -> np.ndarray:
+# The regression's models, richest first: the fit takes the first with no more features than runs.
+MODELS = ("quadratic", "linear")
+
+
+def feature_count(model: str, sources: int) -> int:
+    """Columns of the design matrix: quadratic 1 + k + k(k+1)/2 (21 for 5 sources), linear k."""
+    return {"quadratic": 1 + sources + sources * (sources + 1) // 2, "linear": sources}[model]
+
+
+def _features(w: np.ndarray, model: str) -> np.ndarray:
     n, k = w.shape
+    if model == "linear":  # the weights sum to 1: the last one is implied by the intercept and the others
+        return np.column_stack([np.ones(n), w[:, :k - 1]])
     pairs = [w[:, i] * w[:, j] for i in range(k) for j in range(i, k)]
     return np.column_stack([np.ones(n), w, *pairs])
+
+
+def choose_model(runs: int, sources: int) -> tuple[str, str | None]:
+    """(model, warning): the quadratic model when there are at least as many runs as its features, else the
+    linear one and a warning that says why (and whether even that is under-determined)."""
+    if runs >= feature_count("quadratic", sources):
+        return "quadratic", None
+    quadratic, linear = feature_count("quadratic", sources), feature_count("linear", sources)
+    warning = (f"{runs} proxy runs < {quadratic} features of the quadratic model over {sources} sources: fitted "
+               f"the linear model ({linear} features, no interaction terms) instead")
+    if runs < linear:
+        warning += (f"; {runs} runs are still fewer than its {linear} features, so the ridge penalty decides what "
+                    "the runs cannot (the slopes shrink towards no effect): let the schedule run more ticks")
+    return "linear", warning
 
 
 @dataclass(frozen=True)
@@ -88,9 +131,15 @@ class MixtureFit:
     r2: float  # on the training points
     loo_rmse: float  # leave-one-out error: how far to trust the fit
     observed: list[tuple[dict[str, float], float]] = field(default_factory=list)
+    model: str = "quadratic"  # one of MODELS
+    warning: str | None = None  # why a simpler model than the quadratic one was fitted
+
+    @property
+    def features(self) -> int:
+        return len(self.coef)
 
     def predict(self, weights: np.ndarray) -> np.ndarray:
-        return _features(np.atleast_2d(weights)) @ self.coef
+        return _features(np.atleast_2d(weights), self.model) @ self.coef
 
 
 def _ridge(x: np.ndarray, y: np.ndarray, ridge: float) -> np.ndarray:
@@ -101,6 +150,8 @@ def _ridge(x: np.ndarray, y: np.ndarray, ridge: float) -> np.ndarray:
 
 def fit_mixture_regression(mixtures: list[dict[str, float]], losses: list[float], *,
                            ridge: float = 1e-3) -> MixtureFit:
+    """Ridge fit of the target loss on the mixture weights, with the richest model the runs support
+    (choose_model); the fit's `model` and `warning` say which one and why."""
     if len(mixtures) != len(losses) or len(mixtures) < 2:
         raise ValueError(f"need one loss per mixture and at least 2 of them, got {len(mixtures)} and {len(losses)}")
     sources = sorted(mixtures[0])
@@ -112,13 +163,14 @@ def fit_mixture_regression(mixtures: list[dict[str, float]], losses: list[float]
         bad = [mixture_name(m) for m, v in zip(mixtures, y) if not np.isfinite(v)]
         raise ValueError(f"non-finite target loss for {bad}: a proxy run diverged; rerun or drop it")
     w = np.array([[m[s] for s in sources] for m in mixtures])
-    x = _features(w)
+    model, warning = choose_model(len(y), len(sources))
+    x = _features(w, model)
     coef = _ridge(x, y, ridge)
     residual = y - x @ coef
     r2 = 1.0 - float(residual @ residual) / max(float(((y - y.mean()) ** 2).sum()), 1e-300)
     loo = [y[i] - x[i] @ _ridge(np.delete(x, i, 0), np.delete(y, i), ridge) for i in range(len(y))]
     return MixtureFit(sources=sources, coef=coef, r2=r2, loo_rmse=float(np.sqrt(np.mean(np.square(loo)))),
-                      observed=list(zip(mixtures, [float(v) for v in y])))
+                      observed=list(zip(mixtures, [float(v) for v in y])), model=model, warning=warning)
 
 
 def best_mixture(fit: MixtureFit, cfg: MixingConfig) -> tuple[dict[str, float], float]:
@@ -126,7 +178,7 @@ def best_mixture(fit: MixtureFit, cfg: MixingConfig) -> tuple[dict[str, float], 
     if fit.sources != cfg.sources:
         raise ValueError(f"the fit is over sources {fit.sources}, the config over {cfg.sources}")
     pool = np.vstack([cfg.prior_vector()[None], np.array([[m[s] for s in fit.sources] for m, _ in fit.observed]),
-                      _dirichlet(cfg, cfg.search_samples, stream=1)])
+                      _dirichlet(cfg, cfg.search_samples, SEARCH_STREAM)])
     if cfg.min_weight > 0:
         live = cfg.prior_vector() > 0
         pool[:, live] = np.maximum(pool[:, live], cfg.min_weight)

@@ -52,3 +52,46 @@ def test_bad_inputs_name_the_problem():
         fit_mixture_regression(mixtures, [1.0, float("nan"), 1.0, 1.0])
     with pytest.raises(ValueError, match="one loss per mixture"):
         fit_mixture_regression(mixtures, [1.0])
+
+
+def test_each_tick_draws_its_own_candidates_and_the_same_tick_the_same_ones():
+    cfg = MixingConfig(prior=PRIOR, candidates=6, seed=3)
+    base = {mixture_name(m) for m in candidate_mixtures(cfg)}
+    first, again = candidate_mixtures(cfg, tick=1_765_000_800), candidate_mixtures(cfg, tick=1_765_000_800)
+    second = candidate_mixtures(cfg, tick=1_765_605_600)  # a week later
+    assert first == again and len(first) == len(second) == 6
+    names = [{mixture_name(m) for m in draw} for draw in (first, second)]
+    assert len(names[0]) == len(names[1]) == 6  # no two alike within a tick
+    assert not names[0] & names[1] and not (names[0] | names[1]) & base  # every tick adds new mixtures
+    for m in first + second:
+        assert set(m) == set(PRIOR) and sum(m.values()) == pytest.approx(1.0) and min(m.values()) >= 0
+    assert PRIOR not in [pytest.approx(m) for m in first]  # the prior is the base sweep's, run once
+    assert candidate_mixtures(MixingConfig(prior=PRIOR, candidates=6, seed=4), tick=1_765_000_800) != first
+    with pytest.raises(ValueError, match="tick"):
+        candidate_mixtures(cfg, tick=-1)
+
+
+def test_fewer_runs_than_features_fit_the_linear_model_and_say_why():
+    sources = {"books": 0.15, "c4": 0.2, "code": 0.15, "math": 0.15, "web": 0.35}  # the demo's five
+    cfg = MixingConfig(prior=sources, candidates=4, concentration=8.0)
+    mixtures = candidate_mixtures(cfg)  # the demo's base sweep: 4 runs, 21 quadratic features
+    slope = {"books": 0.2, "c4": -0.3, "code": 0.5, "math": 0.1, "web": -0.4}
+
+    def loss(m):  # linear in the weights: what a linear model can get right
+        return 3.0 + sum(slope[s] * m[s] for s in m)
+
+    fit = fit_mixture_regression(mixtures, [loss(m) for m in mixtures])
+    assert (fit.model, fit.features) == ("linear", 5)
+    assert "4 proxy runs < 21 features of the quadratic model over 5 sources" in fit.warning
+    assert "still fewer than its 5 features" in fit.warning
+    # Two more ticks: 4 + 8 runs, enough for the linear model, which then finds the true losses.
+    ticks = candidate_mixtures(cfg, tick=100) + candidate_mixtures(cfg, tick=200)
+    fit = fit_mixture_regression(mixtures + ticks, [loss(m) for m in mixtures + ticks], ridge=1e-9)
+    assert fit.model == "linear" and "still fewer" not in fit.warning and "12 proxy runs < 21" in fit.warning
+    unseen = candidate_mixtures(cfg, tick=300)
+    assert fit.predict(np.array([[m[s] for s in sorted(m)] for m in unseen])) == pytest.approx(
+        [loss(m) for m in unseen], abs=1e-4)
+    # Runs from enough ticks together support the quadratic model: no warning.
+    many = mixtures + [m for t in range(1, 6) for m in candidate_mixtures(cfg, tick=t)]
+    fit = fit_mixture_regression(many, [loss(m) for m in many])
+    assert (fit.model, fit.features, fit.warning) == ("quadratic", 21, None) and len(many) == 24
