@@ -14,9 +14,12 @@ resources/executor.py runs the same sequence on Ray and Slurm; this module impor
 
 from __future__ import annotations
 
+import atexit
 import json
+import os
 import shutil
 import sys
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Callable
@@ -100,10 +103,18 @@ class LocalRunner:
     process), for `tasks` tasks per stage when set, else each stage's own count. The run()/tasks_for() of
     ExecutorResource, for engine code and tests that run without Dagster.
 
+    With W workers, this process is one of them and W - 1 are spawned helpers (a WorkerPool kept for the life of
+    this process and reused by every phase and stage): the tasks are claimed one at a time from a shared counter,
+    so this process starts at once while the helpers start up, and a helper that is slow or late takes fewer.
+    Spawning a Python process that imports datatrove costs ~0.6 s on 2 cores; paid once per process, not per
+    phase (a dedup stage has four), it no longer decides the speed of short stages. `warm()` starts the helpers
+    ahead of the first run (the executor resource calls it when a run starts).
+
     Not LocalPipelineExecutor.run(): it forks a multiprocess Manager from this process even for one worker, and
     a fork of a threaded process (a Dagster run, a test session with a Ray or S3 client) can deadlock in the child
-    on a lock another thread held. Each task runs datatrove's own _run_for_rank (logs, stats, completion marker),
-    in this process or in a pool of fresh (spawned) processes, which also see the environment as it is now."""
+    on a lock another thread held. Each task runs datatrove's own _run_for_rank (logs, stats, completion marker);
+    a helper takes this process's environment and working directory with each run, so it sees them as they are
+    now, not as they were when it started."""
 
     def __init__(self, workers: int = 1, tasks: int | None = None):
         if workers < 1:
@@ -113,6 +124,11 @@ class LocalRunner:
     def tasks_for(self, default: int) -> int:
         return tasks_for(self.tasks, default)
 
+    def warm(self) -> None:
+        """Start this runner's helper processes now (in the background: this returns at once)."""
+        if self.workers > 1:
+            WorkerPool.get(self.workers - 1)
+
     def run(self, pipeline: list, *, logging_dir: Path, tasks: int) -> Path:
         from datatrove.executor import LocalPipelineExecutor
 
@@ -121,17 +137,12 @@ class LocalRunner:
                                              logging_dir=str(logging_dir), skip_completed=True)
             ranks = executor.get_incomplete_ranks(range(tasks))
             executor.save_executor_as_json()
-            workers = min(self.workers, len(ranks))
-            if workers <= 1:
+            helpers = min(self.workers, len(ranks)) - 1
+            if helpers <= 0:
                 for rank in ranks:
                     _run_task(executor, pipeline, rank, 0)
                 return
-            import multiprocess  # datatrove's dill-pickling multiprocessing: steps defined anywhere pickle
-
-            with multiprocess.get_context("spawn").Pool(workers) as pool:
-                # Only one process in each batch logs to the console (local_rank 0), as datatrove's pool does.
-                for _ in pool.starmap(_run_task, [(executor, pipeline, rank, i % workers) for i, rank in enumerate(ranks)]):
-                    pass
+            WorkerPool.get(self.workers - 1).run(executor, pipeline, ranks, helpers)
 
         return run_resumable(launch, logging_dir=logging_dir, tasks=tasks)
 
@@ -142,3 +153,104 @@ def _run_task(executor, pipeline: list, rank: int, local_rank: int) -> None:
 
     executor.pipeline = deepcopy(pipeline)
     executor._run_for_rank(rank, local_rank)
+
+
+# Imported by each helper as it starts (before its first task arrives): what every stage's tasks need.
+WARM_MODULES = ("numpy", "orjson", "datatrove.executor", "datatrove.pipeline.readers", "datatrove.pipeline.writers",
+                "pipelines.shards")
+POLL_S = 0.05
+
+
+class WorkerPool:
+    """`size` spawned helper processes that claim the tasks of a run from a counter they share with this process.
+    One pool per size per process (`get`), kept until the process exits; a pool whose helper died is replaced."""
+
+    _pools: dict[int, "WorkerPool"] = {}
+    _lock = threading.Lock()
+
+    @classmethod
+    def get(cls, size: int) -> "WorkerPool":
+        with cls._lock:
+            pool = cls._pools.get(size)
+            if pool is None or pool.pid != os.getpid() or not pool.healthy():
+                if pool is not None and pool.pid == os.getpid():
+                    pool.close()
+                pool = cls._pools[size] = WorkerPool(size)
+            return pool
+
+    def __init__(self, size: int):
+        import multiprocess  # datatrove's dill-pickling multiprocessing: steps defined anywhere pickle
+
+        context = multiprocess.get_context("spawn")
+        self.pid, self.size = os.getpid(), size
+        self.next = context.Value("q", 0)  # the index of the next unclaimed task of the current run
+        self.pool = context.Pool(size, initializer=_start_helper, initargs=(self.next,))
+        self.processes = list(self.pool._pool)  # the helpers as started: one that is gone has died
+        self.busy = threading.Lock()  # one run at a time: the counter belongs to it
+        atexit.register(self.close)
+
+    def healthy(self) -> bool:
+        return all(p.exitcode is None for p in self.processes)
+
+    def close(self) -> None:
+        try:
+            self.pool.terminate()
+            self.pool.join()
+        except Exception:  # at exit, a pool half torn down already
+            pass
+
+    def run(self, executor, pipeline: list, ranks: list[int], helpers: int) -> None:
+        """Run the tasks `ranks` on `helpers` helpers and this process; raise the first task's error, after every
+        other task has run (a stage run again then has only the failed ones to do)."""
+        with self.busy:
+            self.next.value = 0
+            job = (executor, pipeline, list(ranks), dict(os.environ), os.getcwd())
+            pending = [self.pool.apply_async(_helper_claims, job) for _ in range(helpers)]
+            errors = _claim_tasks(self.next, executor, pipeline, ranks, local_rank=0)
+            for result in pending:
+                while not result.ready():
+                    if not self.healthy():
+                        dead = [p.exitcode for p in self.processes if p.exitcode is not None]
+                        self.close()
+                        raise RuntimeError(f"executor (local): a helper process died (exit code {dead[0]}) while "
+                                           f"running tasks of {executor.logging_dir.path}; running again runs "
+                                           "only the tasks that did not complete")
+                    result.wait(POLL_S)
+                errors += [RuntimeError(text) for text in result.get()]
+            if errors:
+                raise errors[0]
+
+
+def _start_helper(counter) -> None:
+    global _COUNTER
+    _COUNTER = counter
+    import importlib
+
+    for module in WARM_MODULES:
+        importlib.import_module(module)
+
+
+_COUNTER = None
+
+
+def _helper_claims(executor, pipeline: list, ranks: list[int], environ: dict, cwd: str) -> list[str]:
+    """A helper's share of a run; its errors as text (an exception object may not pickle back)."""
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
+    return [f"{type(exc).__name__}: {exc}" for exc in _claim_tasks(_COUNTER, executor, pipeline, ranks, local_rank=1)]
+
+
+def _claim_tasks(counter, executor, pipeline: list, ranks: list[int], local_rank: int) -> list[BaseException]:
+    """Run tasks of `ranks` until none is left unclaimed; the errors of those that failed (each is in its log)."""
+    errors = []
+    while True:
+        with counter.get_lock():
+            claimed = counter.value
+            counter.value += 1
+        if claimed >= len(ranks):
+            return errors
+        try:
+            _run_task(executor, pipeline, ranks[claimed], local_rank)
+        except Exception as exc:  # noqa: BLE001 -- the other tasks still run; the caller raises the first
+            errors.append(exc)

@@ -5,8 +5,9 @@
 One method for every kind, so moving a stage to a cluster changes no asset code:
 
 - `local` (the default) runs the tasks on this machine (pipelines/runner.py's LocalRunner). With one worker it
-  runs them in this process, one after another (no process start-up, no pickling of the steps); with more, in a
-  pool of spawned processes, which needs the `if __name__ == "__main__":` guard in any script that ends up here.
+  runs them in this process, one after another (no process start-up, no pickling of the steps); with W, in this
+  process and W - 1 spawned helpers that start when the run does and serve every phase of it (spawning needs the
+  `if __name__ == "__main__":` guard in any script that ends up here).
 - `ray` runs datatrove's RayPipelineExecutor on the Ray cluster at `ray_address` (None: a one-node cluster
   started in this process), `workers` tasks at once, each reserving `cpus_per_task` CPUs.
 - `slurm` submits datatrove's SlurmPipelineExecutor (an sbatch job array on `slurm_partition`, without datatrove's
@@ -124,6 +125,12 @@ class ExecutorResource(ConfigurableResource):
             raise ValueError(f"executor.mem_per_cpu_gb: must be > 0, got {self.mem_per_cpu_gb}")
         if self.kind == "slurm" and not self.slurm_partition:
             raise ValueError("executor.slurm_partition: required for kind 'slurm' (PRETRAIN_SLURM_PARTITION)")
+
+    def setup_for_execution(self, context) -> None:
+        """Dagster calls this when a run that uses the resource starts: the local helper processes start then, in
+        the background, while the run loads its inputs (pipelines/runner.py's WorkerPool)."""
+        if self.kind == "local" and self.workers > 1:
+            LocalRunner(workers=self.workers).warm()
 
     def tasks_for(self, default: int) -> int:
         """The task count for a stage whose natural count is `default` (e.g. its input files): the resource's

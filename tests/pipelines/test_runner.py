@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 import json
+import os
+import time
+from pathlib import Path
 
 import pytest
+from datatrove.pipeline.base import PipelineStep
 
 from pipelines.runner import LocalRunner, completed_ranks, run_resumable, stat_totals
 from tests.resources.test_executor import RecordRuns
@@ -56,3 +60,60 @@ def test_the_task_count_is_the_stages_own_unless_the_runner_sets_one():
     assert LocalRunner(tasks=3).tasks_for(7) == 3
     with pytest.raises(ValueError, match="workers must be >= 1"):
         LocalRunner(workers=0)
+
+
+class MeetAndRecord(PipelineStep):
+    """Writes <rank>.json with its process id and the value of PRETRAIN_TEST_MARK as the task sees it. Every task
+    waits (up to a minute) until `meet` tasks have started, so the run passes only if that many ran at once; with
+    `helpers_die`, a task in any process other than `parent` exits that process on the spot."""
+
+    name = "meet and record"
+
+    def __init__(self, folder: str, meet: int, parent: int, helpers_die: bool = False):
+        super().__init__()
+        self.folder, self.meet, self.parent, self.helpers_die = folder, meet, parent, helpers_die
+
+    def run(self, data, rank: int = 0, world_size: int = 1):
+        folder = Path(self.folder)
+        (folder / f"started-{rank}").touch()
+        if self.helpers_die and os.getpid() != self.parent:
+            os._exit(3)
+        deadline = time.monotonic() + 60
+        while len(list(folder.glob("started-*"))) < self.meet and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (folder / f"{rank}.json").write_text(json.dumps({"pid": os.getpid(), "mark": os.environ.get("PRETRAIN_TEST_MARK")}))
+        self.stat_update("met", value=int(len(list(folder.glob("started-*"))) >= self.meet))
+        yield from data or []
+
+
+def test_two_workers_are_this_process_and_a_helper_that_sees_the_environment_as_it_is_now(tmp_path, monkeypatch):
+    runner = LocalRunner(workers=2)
+    runner.warm()  # the helper starts now, and keeps serving the later runs of this process
+    for run, mark in enumerate(["first", "second"]):
+        monkeypatch.setenv("PRETRAIN_TEST_MARK", mark)  # set after the helper started
+        folder = tmp_path / str(run)
+        folder.mkdir()
+        stats = runner.run([MeetAndRecord(str(folder), meet=2, parent=os.getpid())], logging_dir=folder / "logs", tasks=4)
+        records = [json.loads((folder / f"{rank}.json").read_text()) for rank in range(4)]
+        assert {r["mark"] for r in records} == {mark}
+        pids = {r["pid"] for r in records}
+        assert os.getpid() in pids and len(pids) == 2  # this process took tasks, and so did one helper
+        assert stat_totals(stats)["met"] == 4  # the first two tasks ran at the same time
+        if run == 0:
+            helper = (pids - {os.getpid()}).pop()
+        else:
+            assert helper in pids  # the same helper process: started once, not per run
+
+
+def test_a_helper_that_dies_fails_the_run_naming_it_and_the_next_run_gets_a_new_one(tmp_path):
+    runner = LocalRunner(workers=2)
+    runner.warm()
+    folder = tmp_path / "dies"
+    folder.mkdir()
+    with pytest.raises(RuntimeError, match=r"a helper process died \(exit code 3\)"):
+        runner.run([MeetAndRecord(str(folder), meet=2, parent=os.getpid(), helpers_die=True)],
+                   logging_dir=folder / "logs", tasks=3)
+    done = completed_ranks(folder / "logs", 3)
+    assert len(done) == 2  # this process did the tasks the helper did not live to finish, but its own
+    again = runner.run([MeetAndRecord(str(folder), meet=0, parent=os.getpid())], logging_dir=folder / "logs", tasks=3)
+    assert stat_totals(again)["met"] == 3 and completed_ranks(folder / "logs", 3) == {0, 1, 2}
