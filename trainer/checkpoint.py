@@ -4,8 +4,7 @@
     point = ckpt.find_resume()               # newest verified local step, else remote (downloaded); or None
     ckpt.check_batch(point, cfg)             # a changed global batch is refused unless allowed
     ... build the DeepSpeed engine, with load_universal=ckpt.needs_universal(point) ...
-    ckpt.restore(point, trainer)             # the TrainModule's DeepSpeed shards (resharded when the world
-                                             # size changed), each named state, this rank's RNG
+    ckpt.restore(point, trainer)             # DeepSpeed's shards (load_module), each named state, RNG
     if ckpt.due(step): ckpt.save(trainer)    # every rank calls it; rank 0 commits, uploads, retains
 
 What is saved and restored comes from `trainer.checkpoint_contents()` (Contents): the TrainModule
@@ -243,22 +242,9 @@ class Checkpointer:
     # -- restoring -------------------------------------------------------------------------------
 
     def restore(self, point: ResumePoint, source: Checkpointable, *, universal: bool = False) -> None:
-        """Load the step into the source's module (its engine freshly built), then each named state and this
-        rank's RNG."""
+        """Load the step into the source's module (its engine freshly built), each named state, this rank's RNG."""
         contents = source.checkpoint_contents()
-        module = contents.module
-        self._wait_writes()  # nothing of this process is still being written when the state changes under it
-        if universal:
-            scratch = self.local.root / f".universal-{point.path.name}"
-            if self.rank == 0:
-                to_universal(point.path / DS_TAG, scratch / DS_TAG)
-            self._barrier()
-            module.load(scratch, DS_TAG, universal=True)
-            self._barrier()
-            if self.rank == 0:
-                shutil.rmtree(scratch, ignore_errors=True)
-        else:
-            module.load(point.path, DS_TAG)
+        self.load_module(point, contents.module, universal=universal)
         saved = json.loads((point.path / TRAINER_FILE).read_text())
         for name, obj in contents.states.items():
             # A state newer than the checkpoint (the SDC check, say) starts from {}: it takes its defaults.
@@ -269,6 +255,20 @@ class Checkpointer:
         else:  # a rank the saving world did not have
             seed_rng(hash((contents.seed, point.step, self.rank)) % 2**63)
         self._mark = None
+
+    def load_module(self, point: ResumePoint, module: TrainModule, *, universal: bool = False) -> None:
+        """The step's DeepSpeed files into the fresh engine (converted first when universal); continue_from too."""
+        self._wait_writes()  # nothing of this process is still being written when the state changes under it
+        if not universal:
+            return module.load(point.path, DS_TAG)
+        scratch = self.local.root / f".universal-{point.path.name}"
+        if self.rank == 0:
+            to_universal(point.path / DS_TAG, scratch / DS_TAG)
+        self._barrier()
+        module.load(scratch, DS_TAG, universal=True)
+        self._barrier()
+        if self.rank == 0:
+            shutil.rmtree(scratch, ignore_errors=True)
 
     # -- saving ----------------------------------------------------------------------------------
 

@@ -114,17 +114,19 @@ class ScheduleConfig(_Config):
     """LR over tokens: linear warmup, then cosine to a floor, or warmup-stable-decay (WSD)."""
 
     kind: Literal["cosine", "wsd", "constant"] = "cosine"
-    warmup_tokens: int = 0
+    warmup_tokens: int = 0  # counted from the stage's start: a continued stage's own warmup (0: none)
     min_lr_ratio: float = 0.1  # the floor, as a fraction of the peak LR
-    decay_fraction: float = 0.2  # wsd: the LR decays linearly over this last fraction of train_tokens
+    # wsd: the LR decays linearly over this last fraction of the stage's tokens; 0 = a stable phase that an
+    # anneal stage continues (continue_from, decay_fraction 1): together one WSD schedule (trainer.optim.lr_at).
+    decay_fraction: float = 0.2
 
     def _check(self) -> None:
         if self.warmup_tokens < 0:
             raise ValueError(f"schedule.warmup_tokens must be >= 0, got {self.warmup_tokens}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"schedule.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        if not 0 < self.decay_fraction <= 1:
-            raise ValueError(f"schedule.decay_fraction must be in (0, 1], got {self.decay_fraction}")
+        if not 0 <= self.decay_fraction <= 1:
+            raise ValueError(f"schedule.decay_fraction must be in [0, 1], got {self.decay_fraction}")
 
 
 class BatchConfig(_Config):
@@ -210,6 +212,12 @@ class MetricsConfig(_Config):
     eval_batches: int = 2  # global batches of held-out data per domain per evaluation
     tensorboard: bool = True
     peak_flops: float | None = None  # overrides the device table for MFU
+    # Zero-shot tasks (trainer.evaluate) every downstream_interval steps and at the end (0 = off), downstream_limit
+    # items each, from the benchmark folder downstream_benchmarks with data.tokenizer (a training asset gives both).
+    downstream_interval: int = Field(0, ge=0)
+    downstream_tasks: list[Literal["lambada", "hellaswag", "arc_easy", "arc_challenge", "piqa"]] = ["lambada", "piqa"]
+    downstream_limit: int = Field(20, ge=1)
+    downstream_benchmarks: str | None = None
 
     def _check(self) -> None:
         if self.log_interval < 1:
@@ -331,7 +339,7 @@ class DataSection(_Config):
     weights: dict[str, float] = Field(default_factory=dict)  # source name -> mixture weight
     min_doc_tokens: int = 0  # packed shards: only documents this long (long-context stages); 0 = all
     text: str | None = None  # a plain text file, documents separated by blank lines
-    tokenizer: str | None = None  # tokenizer.json for `text`
+    tokenizer: str | None = None  # tokenizer.json for `text`; with shards, the zero-shot evaluations' (metrics)
     val_fraction: float = 0.1  # `text`: the last documents held out for validation
     top_tokens: int | None = None  # `text`: keep this many token ids (trainer.text_source); None = all
 
@@ -367,9 +375,13 @@ class RunConfig(_Config):
     sdc: SDCConfig = Field(default_factory=SDCConfig)
     straggler: StragglerConfig = Field(default_factory=StragglerConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
-    # A committed checkpoint step (path, file:// or s3://…/step-<N>) whose weights start this run: how a
-    # long-context stage continues from the stage before. Optimizer and schedule start fresh; a resume wins.
+    # A committed checkpoint step (path, file:// or s3://…/step-<N>) whose weights start this run. Optimizer
+    # and schedule start fresh; a resume of this run's own checkpoints wins.
     init_from: str | None = None
+    # Or one that this run continues: weights, optimizer state, step and token count (the schedule goes on
+    # from there: train_tokens are this stage's own tokens on top). Checkpoints go under this run's own
+    # name; a resume of those wins. How an anneal branches off the stable phase of a WSD run.
+    continue_from: str | None = None
     tokenizer_sha256: str | None = None  # recorded in every checkpoint manifest
     # Data and code versions of everything upstream, passed in by the Dagster layer; recorded in every
     # checkpoint manifest: [{asset, data_version, code_version, run_id}, ...] from this stage back to raw.
@@ -378,6 +390,8 @@ class RunConfig(_Config):
     def _check(self) -> None:
         if self.train_tokens < 1:
             raise ValueError(f"train_tokens must be >= 1, got {self.train_tokens}")
+        if self.init_from and self.continue_from:
+            raise ValueError("init_from and continue_from: give one (weights only, or the whole run's state)")
 
     def to_dict(self) -> dict:
         """What checkpoint manifests store; from_dict reads it back (resume, init_from, export)."""

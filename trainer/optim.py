@@ -59,19 +59,27 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> GatedAdamW:
     return GatedAdamW(param_groups(model, cfg), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
 
 
-def lr_at(tokens: int, *, peak_lr: float, train_tokens: int, cfg: ScheduleConfig) -> float:
-    """LR for the step that ends at `tokens` tokens (so the first step's LR is not 0)."""
+def lr_at(tokens: int, *, peak_lr: float, train_tokens: int, cfg: ScheduleConfig, start_tokens: int = 0) -> float:
+    """LR for the step that ends at `tokens` tokens (so the first step's LR is not 0).
+
+    Positions are on the run's cumulative token count: a stage that continues another run
+    (RunConfig.continue_from) spans [start_tokens, train_tokens), a fresh one [0, train_tokens). Its warmup
+    and decay are its own: the warmup counts from start_tokens, the WSD decay covers the last decay_fraction
+    of the stage's span. So a WSD stable phase (decay_fraction 0) continued by an anneal (warmup 0,
+    decay_fraction 1) is the same schedule as one run over both spans that decays from the branch point."""
     floor = peak_lr * cfg.min_lr_ratio
-    if cfg.warmup_tokens and tokens < cfg.warmup_tokens:
-        return peak_lr * tokens / cfg.warmup_tokens
+    own = tokens - start_tokens
+    if cfg.warmup_tokens and own < cfg.warmup_tokens:
+        return peak_lr * own / cfg.warmup_tokens
     if cfg.kind == "constant":
         return peak_lr
     if cfg.kind == "cosine":
-        span = max(train_tokens - cfg.warmup_tokens, 1)
-        progress = min(max(tokens - cfg.warmup_tokens, 0) / span, 1.0)
+        span = max(train_tokens - start_tokens - cfg.warmup_tokens, 1)
+        progress = min(max(own - cfg.warmup_tokens, 0) / span, 1.0)
         return floor + (peak_lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
-    # wsd: stable at the peak, then linear decay to the floor over the last decay_fraction of the run.
-    decay_start = max(train_tokens * (1.0 - cfg.decay_fraction), cfg.warmup_tokens)
+    # wsd: stable at the peak, then linear decay to the floor over the last decay_fraction of the stage.
+    decay_start = max(start_tokens + (train_tokens - start_tokens) * (1.0 - cfg.decay_fraction),
+                      start_tokens + cfg.warmup_tokens)
     if tokens <= decay_start:
         return peak_lr
     progress = min((tokens - decay_start) / max(train_tokens - decay_start, 1), 1.0)

@@ -41,6 +41,7 @@ from trainer.peak import device_peak
 from trainer.precision import resolve_precision
 from trainer.train_module import TrainModule, gather_floats
 from trainer.watchdog import StepWatchdog
+from trainer.weights import continue_run, continued_step
 
 
 class BatchSource(Protocol):
@@ -86,6 +87,9 @@ class TrainState:
     sample_index: int = 0  # global index of the next sample: the data loader's whole state
     # Global sample windows [a, b) left out after a rollback: a batch never starts inside one.
     skip_windows: list[list[int]] = field(default_factory=list)
+    # The run's token count when this stage began: 0, or that of the run it continues (continue_from). The
+    # stage ends at start_tokens + train_tokens; its LR schedule is placed on the same cumulative count.
+    start_tokens: int = 0
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -93,6 +97,7 @@ class TrainState:
     def load_state_dict(self, state: dict) -> None:
         self.step, self.tokens, self.sample_index = state["step"], state["tokens"], state["sample_index"]
         self.skip_windows = [list(w) for w in state.get("skip_windows", [])]
+        self.start_tokens = state.get("start_tokens", 0)
 
     def skip_to(self, batch: int) -> None:
         """Move sample_index past every recorded window the next batch [i, i + batch) would overlap."""
@@ -161,10 +166,14 @@ class Trainer:
     def _resume_or_start(self, begun: float) -> None:
         cfg = self.cfg
         point = self.checkpointer.find_resume() if cfg.checkpoint.resume else None
-        # bf16 or fp32, by the hardware unless forced; a resumed run keeps what it started with. From here on
-        # cfg says which (true / false), so the engine, the checkpoints and the evaluation all see one answer.
+        # A stage that continues another run starts from that run's step, unless it has steps of its own.
+        source = (continued_step(cfg.continue_from, Path(cfg.output_dir) / "continue_from", cfg.model, self.dist)
+                  if point is None and cfg.continue_from else None)
+        # bf16 or fp32, by the hardware unless forced; a resumed (or continued) run keeps what it started with.
+        # From here on cfg says which (true / false), so the engine, checkpoints and evaluation see one answer.
+        start = point or source
         self.precision = resolve_precision(cfg.deepspeed.bf16, self.dist.device,
-                                           resumed=saved_precision(point.manifest) if point is not None else None)
+                                           resumed=saved_precision(start.manifest) if start is not None else None)
         self.cfg = cfg = self.module.cfg = _with_bf16(cfg, self.precision.bf16)
         self.metrics.set_peak(device_peak(self.dist.device, self.precision.dtype, cfg.metrics.peak_flops))
         self.metrics.log_event({"event": "precision", **self.precision.record()})
@@ -180,18 +189,21 @@ class Trainer:
                 local_step(cfg.init_from, cache)  # one download from the object store, then every rank reads it
             if self.dist.world_size > 1:
                 torch_dist.barrier()
-            source = load_initial_weights(self.model, cfg.init_from, cache)
-            self.metrics.log_event({"event": "initialized", "from": cfg.init_from, "step": source["step"]})
+            weights_of = load_initial_weights(self.model, cfg.init_from, cache)
+            self.metrics.log_event({"event": "initialized", "from": cfg.init_from, "step": weights_of["step"]})
         # The engine must know before it is built whether it loads shards of another world size.
-        universal = self.checkpointer.needs_universal(point, cfg)
+        universal = self.checkpointer.needs_universal(start, cfg)
         engine_begun = time.perf_counter()
         self.module.build_engine(load_universal=universal)
         engine_s = time.perf_counter() - engine_begun
+        if source is not None:
+            continue_run(self, source, universal=universal)
         if point is not None:
             self.checkpointer.restore(point, self, universal=universal)
             self.metrics.log_event({"event": "resumed", "step": point.step, "source": point.source,
                                     "path": str(point.path), "world_size": point.manifest["world_size"],
                                     "universal": universal})
+        self.metrics.train_tokens = self.end_tokens  # progress and ETA on the run's cumulative token count
         self.metrics.log_event(self._startup(begun, engine_s))
 
     @staticmethod
@@ -235,8 +247,13 @@ class Trainer:
         return {"train": self.state,
                 **{cb.name: cb for cb in self.callbacks if hasattr(cb, "state_dict")}}
 
+    @property
+    def end_tokens(self) -> int:
+        """Where this stage ends on the run's cumulative token count."""
+        return self.state.start_tokens + self.cfg.train_tokens
+
     def at_end(self) -> bool:
-        return self.state.tokens >= self.cfg.train_tokens
+        return self.state.tokens >= self.end_tokens
 
     def stop_after_step(self, event: dict, error: TrainerExit) -> None:
         """Stop the run once this step is done and checkpointed (a straggler's drain): log `event`, raise
@@ -269,7 +286,8 @@ class Trainer:
         accum = B // (micro * d.world_size)
         st.skip_to(B)
         indices = rank_indices(st.sample_index, B, d.rank, d.world_size)
-        lr = lr_at(st.tokens + B * T, peak_lr=cfg.optim.lr, train_tokens=cfg.train_tokens, cfg=cfg.schedule)
+        lr = lr_at(st.tokens + B * T, peak_lr=cfg.optim.lr, train_tokens=self.end_tokens, cfg=cfg.schedule,
+                   start_tokens=st.start_tokens)
         set_lr(module.optimizer, lr)
         rec = StepRecord(step=st.step, samples=(st.sample_index, st.sample_index + B), batch=B, lr=lr)
         loss_sum = torch.zeros((), dtype=torch.float32, device=d.device)
@@ -346,7 +364,7 @@ class Trainer:
         cfg, st = self.cfg, self.state
         ok = False
         try:
-            while st.tokens < cfg.train_tokens:
+            while not self.at_end():
                 try:
                     rec = self.run_step()
                 except RollbackRequested as e:

@@ -1,4 +1,5 @@
-"""The model weights of a committed checkpoint step, whole and in fp32, for evaluation and export.
+"""The model weights of a committed checkpoint step, whole and in fp32, for evaluation and export; another
+run's step that a new stage starts from (init_from: its weights; continue_from: its whole state).
 
     state, manifest = checkpoint_weights(step_folder)      # CausalLM parameter names -> fp32 tensors
     model_cfg = model_config(manifest)                     # the ModelConfig the run trained
@@ -11,13 +12,12 @@ corrupt checkpoint is never evaluated or exported.
 
 from __future__ import annotations
 
-import contextlib
-import io
+import json
 from pathlib import Path
 
 import torch
 
-from trainer.checkpoint_store import LocalCheckpoints, local_step
+from trainer.checkpoint_store import LocalCheckpoints, ResumePoint, local_step
 from trainer.config import ModelConfig, RunConfig, from_dict
 
 DS_TAG = "ds"  # trainer/checkpoint.py writes DeepSpeed's files under <step>/ds/
@@ -33,17 +33,14 @@ def checkpoint_weights(step_folder: str | Path, *, verify: bool = True) -> tuple
         step = int(folder.name.removeprefix("step-"))
         manifest = LocalCheckpoints(folder.parent).verify(step)
     else:
-        import json
-
         manifest = json.loads((folder / "manifest.json").read_text())
     ds = folder / DS_TAG
     if not ds.is_dir():
         raise ValueError(f"{folder}: no DeepSpeed files ({DS_TAG}/): not a trainer checkpoint step")
     if any(ds.glob("*optim_states.pt")):
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        from trainer.engine import zero_fp32_weights  # zero_to_fp32, or the shards of bf16 ZeRO-1's optimizer
 
-        with contextlib.redirect_stdout(io.StringIO()):  # it prints a progress line per shard
-            state = get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=DS_TAG)
+        state = zero_fp32_weights(ds)
     else:
         [model_file] = sorted(ds.glob("*model_states.pt"))
         state = torch.load(model_file, map_location="cpu", weights_only=False)["module"]
@@ -63,3 +60,51 @@ def load_initial_weights(model: torch.nn.Module, uri: str, cache_dir: str | Path
                          f"(missing {missing[:3]}, unexpected {unexpected[:3]}, shapes {shapes[:3]})")
     model.load_state_dict(state)
     return manifest
+
+
+# What fixes the shapes of the weights and Adam moments: a continued run may change anything else (rope_base).
+SHAPE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "kv_heads", "ff_dim", "qk_norm")
+
+
+def continued_step(uri: str, cache_dir: str | Path, model: ModelConfig, dist) -> ResumePoint:
+    """The verified local copy of the step at `uri` that a run continues (continue_from): rank 0 downloads it
+    once and checks it, every rank gets its answer. A model of another shape is refused, naming what differs."""
+    found = [None]
+    if dist.rank == 0:
+        folder = local_step(uri, cache_dir)
+        step = int(folder.name.removeprefix("step-"))
+        manifest = LocalCheckpoints(folder.parent).verify(step)
+        if not (folder / DS_TAG).is_dir():
+            raise ValueError(f"continue_from {uri}: no DeepSpeed files ({DS_TAG}/): not a trainer checkpoint step")
+        theirs = model_config(manifest)
+        differ = [f"{k} {getattr(theirs, k)} vs {getattr(model, k)}" for k in SHAPE_FIELDS
+                  if getattr(theirs, k) != getattr(model, k)]
+        if differ:
+            raise ValueError(f"continue_from {uri}: the checkpoint's model does not match model config "
+                             f"({', '.join(differ)})")
+        found = [ResumePoint(step, folder, manifest, "continue_from")]
+    if dist.world_size > 1:
+        torch.distributed.broadcast_object_list(found, src=0)
+    return found[0]
+
+
+def continue_run(trainer, source: ResumePoint, *, universal: bool) -> None:
+    """Continue in `trainer` (its engine freshly built) the run that wrote `source`: its weights and optimizer
+    state (Adam's moments and step count), its step and token count; this stage's own optimizer settings
+    (betas, eps, weight decay) and LR schedule apply from there. The data position goes on when the data
+    stream is the same; a new mixture, sequence length or length filter starts its own stream at sample 0.
+    The spike guard, SDC and canary checks start afresh: their running figures belong to the other stream."""
+    cfg, st = trainer.cfg, trainer.state
+    hyper = [{k: v for k, v in g.items() if k != "params"} for g in trainer.optimizer.param_groups]
+    trainer.checkpointer.load_module(source, trainer.module, universal=universal)
+    for group, own in zip(trainer.optimizer.param_groups, hyper):
+        group.update(own)  # DeepSpeed's load brought the other run's hyperparameters
+    saved = json.loads((source.path / "trainer.json").read_text())["train"]
+    theirs = source.manifest["config"]
+    same_stream = (theirs["data"] == cfg.data.model_dump() and theirs["seed"] == cfg.seed
+                   and theirs["batch"]["seq_len"] == cfg.batch.seq_len)
+    st.step, st.tokens, st.start_tokens = saved["step"], saved["tokens"], saved["tokens"]
+    if same_stream:
+        st.sample_index, st.skip_windows = saved["sample_index"], [list(w) for w in saved.get("skip_windows", [])]
+    trainer.metrics.log_event({"event": "continued", "from": cfg.continue_from, "step": source.step,
+                               "tokens": st.tokens, "same_data": same_stream, "universal": universal})

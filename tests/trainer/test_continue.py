@@ -1,0 +1,124 @@
+"""continue_from: a stage that continues another run (weights, Adam's moments, step and token count, the LR
+schedule going on), as a WSD anneal branches off the stable phase of the main run (trainer.weights.continue_run,
+trainer.optim.lr_at)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from tests.trainer.conftest import read_metrics, run_dict
+from trainer.config import RunConfig, from_dict
+
+STEP_TOKENS = 8 * 64  # run_dict's global batch × seq_len
+MAIN_STEPS, ANNEAL_STEPS = 6, 2
+PEAK, FLOOR_RATIO, WARMUP = 3e-3, 0.1, 2 * STEP_TOKENS
+
+
+def _run(out, train_tokens: int, schedule: dict, **sections) -> RunConfig:
+    # fp32 under ZeRO 1 (the demo's stage): the optimizer state lives in DeepSpeed's ZeRO shards, and fp32
+    # makes a continued run equal to an uninterrupted one bit for bit.
+    return from_dict(RunConfig, run_dict(out, train_tokens=train_tokens, optim={"lr": PEAK},
+                                         schedule={"kind": "wsd", "min_lr_ratio": FLOOR_RATIO, **schedule},
+                                         deepspeed={"zero_stage": 1, "bf16": False}, **sections))
+
+
+def _main(out) -> RunConfig:
+    """The stable phase: warmup, then the peak LR until the branch point (decay_fraction 0)."""
+    return _run(out, MAIN_STEPS * STEP_TOKENS, {"warmup_tokens": WARMUP, "decay_fraction": 0.0})
+
+
+def _anneal(out, branch, **sections) -> RunConfig:
+    """The decay: from the branch point to the floor over this stage's own tokens, no warmup."""
+    return _run(out, ANNEAL_STEPS * STEP_TOKENS, {"warmup_tokens": 0, "decay_fraction": 1.0},
+                continue_from=str(branch), **sections)
+
+
+def _moments(optimizer) -> list[dict[str, torch.Tensor]]:
+    """Adam's state per parameter, in parameter order (DeepSpeed's ZeRO-1 flat fp32 partitions)."""
+    return [{k: v.clone() for k, v in optimizer.state[p].items()} for g in optimizer.param_groups for p in g["params"]]
+
+
+@pytest.mark.slow  # three tiny DeepSpeed runs: ~a minute on 2 cores
+def test_an_anneal_that_continues_the_main_run_is_the_tail_of_one_wsd_schedule(tmp_path):
+    from trainer.train import Trainer
+
+    main = Trainer(_main(tmp_path / "main"))
+    main.fit()
+    at_branch = _moments(main.optimizer)
+    branch = tmp_path / "main" / "checkpoints" / f"step-{MAIN_STEPS:08d}"
+    assert branch.is_dir() and all(h["lr"] == PEAK for h in main.history[2:])  # warmup, then stable: no decay
+
+    anneal = Trainer(_anneal(tmp_path / "anneal", branch))
+    # It starts where main stopped: step, tokens and data position, and Adam's moments tensor by tensor.
+    assert (anneal.state.step, anneal.state.tokens, anneal.state.start_tokens) == (
+        MAIN_STEPS, MAIN_STEPS * STEP_TOKENS, MAIN_STEPS * STEP_TOKENS)
+    assert anneal.state.sample_index == main.state.sample_index
+    continued = _moments(anneal.optimizer)
+    assert len(continued) == len(at_branch) and all(at_branch)
+    for theirs, ours in zip(at_branch, continued):
+        assert set(theirs) == set(ours) == {"step", "exp_avg", "exp_avg_sq"}
+        for key in theirs:
+            torch.testing.assert_close(ours[key], theirs[key], rtol=0, atol=0)
+        assert float(ours["step"]) == MAIN_STEPS  # bias correction goes on from the main run's step
+    anneal.fit()
+
+    # Its first step's LR is the WSD schedule's one step past the branch point, by the formula: linear from
+    # the peak to the floor over the anneal's tokens.
+    decay = ANNEAL_STEPS * STEP_TOKENS
+    lrs = [h["lr"] for h in anneal.history]
+    assert lrs[0] == pytest.approx(PEAK * (1 - (1 - FLOOR_RATIO) * STEP_TOKENS / decay), rel=1e-12)
+    assert lrs[-1] == pytest.approx(PEAK * FLOOR_RATIO, rel=1e-12)
+    assert [h["step"] for h in anneal.history] == [MAIN_STEPS, MAIN_STEPS + 1]
+    # It checkpoints under its own run's folder, numbering on from the main run's steps.
+    assert (tmp_path / "anneal" / "checkpoints" / f"step-{MAIN_STEPS + ANNEAL_STEPS:08d}").is_dir()
+    events = [e for e in read_metrics(tmp_path / "anneal") if e.get("event") == "continued"]
+    assert events == [{"event": "continued", "from": str(branch), "step": MAIN_STEPS,
+                       "tokens": MAIN_STEPS * STEP_TOKENS, "same_data": True, "universal": False}]
+
+    # One uninterrupted WSD run over the same tokens (decaying over the last quarter) is the same run, step
+    # for step: the same LRs and, in fp32, the same losses.
+    total = MAIN_STEPS + ANNEAL_STEPS
+    whole = Trainer(_run(tmp_path / "whole", total * STEP_TOKENS,
+                         {"warmup_tokens": WARMUP, "decay_fraction": ANNEAL_STEPS / total}))
+    whole.fit()
+    joined = main.history + anneal.history
+    assert [h["step"] for h in joined] == [h["step"] for h in whole.history]
+    assert [h["lr"] for h in joined] == pytest.approx([h["lr"] for h in whole.history], rel=1e-12)
+    assert [h["loss"] for h in joined] == pytest.approx([h["loss"] for h in whole.history], rel=1e-6, abs=0)
+    assert [h["samples"] for h in joined] == [h["samples"] for h in whole.history]
+
+
+@pytest.mark.slow
+def test_a_continued_stage_resumes_from_its_own_checkpoints_and_init_from_does_not_continue(tmp_path):
+    from trainer.train import Trainer
+
+    main = Trainer(_main(tmp_path / "main"))
+    main.fit()
+    branch = tmp_path / "main" / "checkpoints" / f"step-{MAIN_STEPS:08d}"
+    first = Trainer(_anneal(tmp_path / "anneal", branch, checkpoint={"interval_steps": 1}))
+    first.fit()
+    # Lose its last step (a kill before that checkpoint was committed): the rerun resumes from its own step 7,
+    # not from the main run's branch point, and takes the same last step.
+    shutil.rmtree(tmp_path / "anneal" / "checkpoints" / f"step-{MAIN_STEPS + ANNEAL_STEPS:08d}")
+    again = Trainer(_anneal(tmp_path / "anneal", branch, checkpoint={"interval_steps": 1}))
+    assert (again.state.step, again.state.start_tokens) == (MAIN_STEPS + 1, MAIN_STEPS * STEP_TOKENS)
+    again.fit()
+    assert again.history[0]["lr"] == first.history[-1]["lr"]
+    assert again.history[0]["loss"] == pytest.approx(first.history[-1]["loss"], rel=1e-6, abs=0)
+
+    # init_from takes the weights only: a fresh optimizer, step 0, and this stage's schedule from its start.
+    fresh = Trainer(_run(tmp_path / "fresh", ANNEAL_STEPS * STEP_TOKENS, {"warmup_tokens": 0, "decay_fraction": 1.0},
+                         init_from=str(branch)))
+    assert (fresh.state.step, fresh.state.tokens) == (0, 0) and not fresh.optimizer.state
+    fresh.close()
+    with pytest.raises(ValueError, match=r"continue_from .*step-00000006: the checkpoint's model does not match "
+                                         r"model config \(d_model 64 vs 32, ff_dim 192 vs 128\)"):
+        Trainer(_anneal(tmp_path / "bad", branch, model={"d_model": 32}))
+
+
+def test_continue_from_and_init_from_exclude_each_other(tmp_path):
+    with pytest.raises(ValueError, match="init_from and continue_from: give one"):
+        from_dict(RunConfig, run_dict(tmp_path, init_from="a/step-00000001", continue_from="a/step-00000001"))
