@@ -1,4 +1,5 @@
-"""DeepSpeed around the model: process group, ZeRO stage, bf16 with fp32 master weights, clipping.
+"""DeepSpeed around the model: process group, ZeRO stage, bf16 with fp32 master weights and fp32
+gradient reduction and accumulation, clipping.
 
     dist = init_distributed()                     # works alone, under torchrun and under `deepspeed`
     engine, optimizer = build_engine(model, cfg, dist)
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as torch_dist
@@ -71,6 +73,7 @@ def deepspeed_config(cfg: RunConfig, world_size: int, *, load_universal: bool = 
         "gradient_clipping": 0.0 if own_clip else cfg.optim.grad_clip,
         "bf16": {"enabled": cfg.deepspeed.bf16},
         "zero_optimization": {"stage": cfg.deepspeed.zero_stage},
+        **_fp32_gradients(cfg),
         "zero_allow_untested_optimizer": True,  # our client optimizer is torch's AdamW
         "steps_per_print": 2**62,
         "wall_clock_breakdown": False,
@@ -79,6 +82,19 @@ def deepspeed_config(cfg: RunConfig, world_size: int, *, load_universal: bool = 
         # A checkpoint written by another number of ranks, converted by trainer.train_module.to_universal.
         config["checkpoint"] = {"load_universal": True}
     return config
+
+
+def _fp32_gradients(cfg: RunConfig) -> dict:
+    """Under bf16, gradients are reduced across ranks and accumulated over micro-batches in fp32 (the
+    method's rule; DeepSpeed's default does both in bf16, whose 8-bit mantissa loses small gradients in
+    a sum). ZeRO-1 then runs DeepSpeed's BF16_Optimizer, ZeRO-2/3 keep fp32 gradient partitions. ZeRO-0
+    gets the fp32 reduction only: DeepSpeed 0.19.8 has no fp32 accumulation there (its optimizer check
+    raises NotImplementedError for bf16 weights with fp32 accumulation without ZeRO)."""
+    if not cfg.deepspeed.bf16:
+        return {}  # fp32 throughout already
+    if cfg.deepspeed.zero_stage == 0:
+        return {"communication_data_type": "fp32"}
+    return {"communication_data_type": "fp32", "data_types": {"grad_accum_dtype": "fp32"}}
 
 
 def _gate_clips(cfg: RunConfig) -> bool:
@@ -111,3 +127,34 @@ def build_engine(model: torch.nn.Module, cfg: RunConfig, dist: Dist, *, load_uni
                                            config=deepspeed_config(cfg, dist.world_size, load_universal=load_universal))
     norm = PreClipNorm(engine, optimizer, cfg.optim.grad_clip, _gate_clips(cfg))
     return engine, optimizer, norm
+
+
+def zero_fp32_weights(ds_folder: Path) -> dict[str, torch.Tensor]:
+    """Full fp32 weights from one step's ZeRO optimizer shards (every rank's *optim_states.pt).
+
+    DeepSpeed's zero_to_fp32 reads ZeRO 1-3's own optimizers; ZeRO-1 under bf16 runs DeepSpeed's BF16_Optimizer
+    instead (fp32 accumulation, _fp32_gradients), whose shards zero_to_fp32 refuses ("not a zero checkpoint": they
+    record no ZeRO stage). Those hold each rank's slice of every parameter group's flat fp32 master weights and
+    where each parameter lies in it; the module file gives the shapes, in the groups' order."""
+    import contextlib
+    import io
+
+    shards = sorted(ds_folder.glob("*zero_pp_rank_*_optim_states.pt"),
+                    key=lambda f: int(f.name.split("zero_pp_rank_")[1].split("_")[0]))
+    first = torch.load(shards[0], map_location="cpu", mmap=True, weights_only=False)["optimizer_state_dict"]
+    if "param_slice_mappings" not in first or "zero_stage" in first:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        with contextlib.redirect_stdout(io.StringIO()):  # it prints a progress line per shard
+            return get_fp32_state_dict_from_zero_checkpoint(str(ds_folder.parent), tag=ds_folder.name)
+    [model_file] = sorted(ds_folder.glob("*model_states.pt"))
+    module = torch.load(model_file, map_location="cpu", weights_only=False)
+    ranks = [first] + [torch.load(f, map_location="cpu", mmap=True, weights_only=False)["optimizer_state_dict"]
+                       for f in shards[1:]]
+    state = {name: module["module"][name].float() for name in module.get("buffer_names", [])}
+    for group, shapes in enumerate(module["param_shapes"]):
+        for name, shape in shapes.items():
+            pieces = [r["single_partition_of_fp32_groups"][group].narrow(0, m.start, m.numel)
+                      for r in ranks if (m := r["param_slice_mappings"][group].get(name)) is not None]
+            state[name] = torch.cat(pieces).view(shape).float().clone()
+    return state

@@ -1,6 +1,8 @@
-"""trainer.engine: the DeepSpeed config the run's config makes (no engine is built here)."""
+"""trainer.engine: the DeepSpeed config the run's config makes, and what a real engine built from it does with
+gradients under bf16 (fp32 reduction and accumulation), and the fp32 weights read back from its checkpoint."""
 
 import pytest
+import torch
 
 from tests.trainer.conftest import run_dict
 from trainer.config import RunConfig, from_dict
@@ -28,3 +30,61 @@ def test_fp32_zero0_clips_in_the_gate_and_universal_loading_is_asked_for(tmp_pat
 def test_precision_must_be_resolved_first(tmp_path):
     with pytest.raises(AssertionError, match="resolve deepspeed.bf16"):
         deepspeed_config(_cfg(tmp_path), world_size=1)
+
+
+def _engine(tmp_path, stage: int, bf16: bool):
+    """A real DeepSpeed engine of the run (one rank), as the trainer builds it."""
+    from trainer.engine import init_distributed
+    from trainer.train_module import TrainModule
+
+    module = TrainModule(_cfg(tmp_path, deepspeed={"zero_stage": stage, "bf16": bf16}), init_distributed())
+    module.build_engine()
+    return module
+
+
+@pytest.mark.slow  # DeepSpeed engines: seconds each on 2 cores
+@pytest.mark.parametrize("stage, optimizer", [(1, "BF16_Optimizer"), (2, "DeepSpeedZeroOptimizer")])
+def test_bf16_reduces_and_accumulates_gradients_in_fp32(tmp_path, stage, optimizer):
+    engine = _engine(tmp_path, stage, bf16=True).engine
+    assert engine.get_data_types() == (torch.bfloat16, torch.float32)  # bf16 weights, fp32 accumulation
+    assert engine.communication_data_type == torch.float32  # DeepSpeed's default under bf16 is bf16
+    assert type(engine.optimizer).__name__ == optimizer
+    if stage == 1:  # the bf16 optimizer keeps an fp32 gradient per parameter partition
+        assert all(g.dtype == torch.float32 for g in engine.optimizer.fp32_groups_gradients_flat)
+    else:  # ZeRO-2 accumulates the reduced gradient partitions in fp32
+        assert engine.optimizer.gradient_accumulation_dtype == torch.float32
+
+
+@pytest.mark.slow  # DeepSpeed engines: seconds each on 2 cores
+def test_zero0_bf16_reduces_in_fp32_and_fp32_runs_keep_deepspeeds_defaults(tmp_path):
+    zero0 = _engine(tmp_path / "bf16", 0, bf16=True).engine
+    # DeepSpeed 0.19.8 has no fp32 accumulation for bf16 without ZeRO (it raises NotImplementedError): reduction only.
+    assert zero0.communication_data_type == torch.float32 and zero0.get_data_types() == (torch.bfloat16,) * 2
+    fp32 = _engine(tmp_path / "fp32", 1, bf16=False).engine
+    assert fp32.communication_data_type == torch.float32 and fp32.get_data_types() == (torch.float32,) * 2
+    assert "data_types" not in deepspeed_config(_cfg(tmp_path, deepspeed={"zero_stage": 1, "bf16": False}), 1)
+
+
+@pytest.mark.slow  # a DeepSpeed engine, one step and a checkpoint
+def test_the_fp32_weights_of_a_bf16_zero1_checkpoint_are_its_master_weights(tmp_path):
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    from tests.trainer.conftest import TEXT, TOKENIZER, TOP_TOKENS
+    from trainer.engine import zero_fp32_weights
+    from trainer.text_source import TextSource, TextSourceConfig
+
+    module = _engine(tmp_path, 1, bf16=True)
+    source = TextSource(TextSourceConfig(path=str(TEXT), tokenizer=str(TOKENIZER), seq_len=64, top_tokens=TOP_TOKENS))
+    module.optimizer.gate = lambda: True
+    for m in range(4):  # one optimizer step: the master weights move away from the bf16 copies' values
+        loss = module.forward(source.batch([2 * m, 2 * m + 1]), last=m == 3)
+        module.backward(loss)
+    module.engine.step()
+    module.engine.save_checkpoint(str(tmp_path / "ckpt"), tag="ds")
+    weights = zero_fp32_weights(tmp_path / "ckpt" / "ds")
+    params = dict(module.model.named_parameters())
+    assert set(weights) == set(params)
+    assert any(not torch.equal(weights[name], param.float()) for name, param in params.items())  # not the bf16 copies
+    for name, param in params.items():
+        assert weights[name].dtype == torch.float32
+        assert torch.equal(weights[name], safe_get_full_fp32_param(param)), name
