@@ -28,6 +28,7 @@ import importlib.util
 import math
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -250,12 +251,14 @@ class CanaryCallback(Callback):
 
 class MetricsCallback(Callback):
     """A train record every metrics.log_interval steps (means over the applied steps since the last one),
-    and the held-out losses every metrics.eval_interval steps and at the end."""
+    the held-out losses every metrics.eval_interval steps and at the end, and zero-shot tasks every
+    metrics.downstream_interval steps and at the end (loss can improve while capabilities do not)."""
 
     name = "metrics"
 
     def __init__(self):
         self.window: list[dict] = []
+        self.downstream = None  # trainer.evaluate.Downstream, built at the first evaluation (False: off)
 
     def post_step(self, trainer, rec):
         cfg, st = trainer.cfg, trainer.state
@@ -272,6 +275,42 @@ class MetricsCallback(Callback):
         if trainer.val_sources and cfg.metrics.eval_batches and (
                 last or (cfg.metrics.eval_interval and st.step % cfg.metrics.eval_interval == 0)):
             trainer.metrics.log_eval(step=st.step, losses=trainer.evaluate())
+        every = cfg.metrics.downstream_interval
+        if every and (last or st.step % every == 0) and self._downstream(trainer):
+            began = time.perf_counter()
+            trainer.module.engine.eval()
+            try:
+                tasks = self.downstream.run(trainer.model.transformer, rank=trainer.dist.rank,
+                                            world_size=trainer.dist.world_size, device=trainer.dist.device)
+            finally:
+                trainer.module.engine.train()
+            trainer.metrics.log_downstream(step=st.step, tokens=st.tokens, tasks=tasks,
+                                           seconds=time.perf_counter() - began)
+
+    def _downstream(self, trainer) -> bool:
+        """The evaluator, built once; without the benchmark folder or a tokenizer the run goes on without it (a
+        mixing proxy inherits the main stage's metrics section, not its benchmarks), saying so once."""
+        if self.downstream is None:
+            cfg = trainer.cfg
+            missing = [name for name, value in (("metrics.downstream_benchmarks", cfg.metrics.downstream_benchmarks),
+                                                ("data.tokenizer", cfg.data.tokenizer)) if not value]
+            if missing:
+                trainer.metrics.log_event({"event": "downstream_off", "reason": f"{' and '.join(missing)} not set"})
+                self.downstream = False
+                return False
+            from trainer.evaluate import Downstream
+
+            encoder = getattr(trainer.train_source, "encoder", None)  # a renumbering source (text, top_tokens)
+            if encoder is not None:
+                tokenizer = encoder()
+            else:
+                from tokenizers import Tokenizer
+
+                tokenizer = Tokenizer.from_file(cfg.data.tokenizer)
+            self.downstream = Downstream(cfg.metrics.downstream_tasks, cfg.metrics.downstream_benchmarks, tokenizer,
+                                         limit=cfg.metrics.downstream_limit, max_len=cfg.batch.seq_len,
+                                         batch_size=cfg.batch.micro_batch)
+        return bool(self.downstream)
 
     def step_failed(self, trainer, rec):
         self.window = []  # a rollback replays the steps since its checkpoint

@@ -438,6 +438,8 @@ def _describe(cls, error: ValidationError, where: str) -> str:
         return message if not path or message.startswith(path) else f"{path}: {message}"
     if kind == "extra_forbidden":
         message = f"unknown field (known: {', '.join(sorted(_section(cls, loc[:-1]).model_fields))})"
+    elif kind == "literal_error" and isinstance(loc[-1], int):  # an item of a list (metrics.downstream_tasks[0])
+        message = f"must be one of {first['ctx']['expected']}, got {value!r}"
     elif kind == "literal_error":
         choices = typing.get_args(_section(cls, loc[:-1]).model_fields[loc[-1]].annotation)
         message = f"must be one of {list(choices)}, got {value!r}"

@@ -134,12 +134,24 @@ def continuation_scores(model, requests: list[tuple[list[int], list[int]]], *, m
 
 def score_task(model, tokenizer, items: list[Item], *, max_len: int, batch_size: int = 16,
                device: torch.device | str = "cpu") -> dict:
+    requests, owner = task_requests(tokenizer, items)
+    scores = continuation_scores(model, requests, max_len=max_len, batch_size=batch_size, device=device)
+    return task_result(items, requests, owner, scores)
+
+
+def task_requests(tokenizer, items: list[Item]) -> tuple[list[tuple[list[int], list[int]]], list[int]]:
+    """(every choice of every item as (context ids, continuation ids), the item each belongs to)."""
     requests, owner = [], []
     for i, item in enumerate(items):
         for cont in item.continuations:
             requests.append(encode_pair(tokenizer, item.context, cont))
             owner.append(i)
-    scores = continuation_scores(model, requests, max_len=max_len, batch_size=batch_size, device=device)
+    return requests, owner
+
+
+def task_result(items: list[Item], requests: list[tuple[list[int], list[int]]], owner: list[int],
+                scores: list[tuple[float, bool]]) -> dict:
+    """The task's figures from every request's (summed log-probability, greedy)."""
     per_item: list[list[tuple[float, bool, int]]] = [[] for _ in items]
     for (total, greedy), i, (_, cont_ids) in zip(scores, owner, requests):
         per_item[i].append((total, greedy, len(cont_ids)))
@@ -173,6 +185,41 @@ def zero_shot(model, tokenizer, tasks: list[str], folder: str | Path, *, limit: 
         results[name] = {**score_task(model, tokenizer, items, max_len=max_len, batch_size=batch_size, device=device),
                          "metric": TASKS[name][1]}
     return results
+
+
+class Downstream:
+    """Zero-shot tasks during training (metrics.downstream_interval): items loaded and encoded once, then at each
+    pass every rank scores an equal share of the requests and all get every score (trainer.callbacks).
+
+    The shares are padded to the same length, so every rank runs the same number of forward passes, as ZeRO-3
+    needs (each forward gathers the partitioned weights from all ranks); every rank computes the same figures."""
+
+    def __init__(self, tasks: list[str], folder: str | Path, tokenizer, *, limit: int, max_len: int,
+                 batch_size: int = 16):
+        self.max_len, self.batch_size = max_len, batch_size
+        self.tasks = {}
+        for name in tasks:
+            items = load_task(name, folder, limit)
+            self.tasks[name] = (items, *task_requests(tokenizer, items))
+
+    @torch.no_grad()
+    def run(self, model, *, rank: int, world_size: int, device: torch.device | str = "cpu") -> dict[str, dict]:
+        """{task: figures} (score_task's, with the headline metric's name) of `model` (token ids -> logits)."""
+        import torch.distributed as torch_dist
+
+        results = {}
+        for name, (items, requests, owner) in self.tasks.items():
+            share = math.ceil(len(requests) / world_size)
+            mine = requests[rank * share:(rank + 1) * share]
+            mine += requests[:share - len(mine)]  # padding (the last rank's share may be short), dropped below
+            scores = continuation_scores(model, mine, max_len=self.max_len, batch_size=self.batch_size, device=device)
+            everyone = [scores]
+            if world_size > 1:
+                everyone = [None] * world_size
+                torch_dist.all_gather_object(everyone, scores)
+            flat = [s for part in everyone for s in part][:len(requests)]
+            results[name] = {**task_result(items, requests, owner, flat), "metric": TASKS[name][1]}
+        return results
 
 
 @torch.no_grad()

@@ -103,6 +103,19 @@ class Metrics:
         for name, value in losses.items():
             self._scalar(f"val/{name}", value, step)
 
+    def log_downstream(self, *, step: int, tokens: int, tasks: dict[str, dict], seconds: float) -> None:
+        """Zero-shot figures during training (trainer.evaluate.Downstream), by task: its headline metric and n."""
+        if not self.active:
+            return
+        line = f"step {step:>6} | zero-shot " + " | ".join(
+            f"{name} {r['metric']} {r.get(r['metric'], math.nan):.3f}" for name, r in tasks.items())
+        print(f"{line} ({seconds:.1f} s)", flush=True)
+        self._write({"event": "downstream", "step": step, "tokens": tokens, "tasks": tasks,
+                     "seconds": round(seconds, 3), "time": time.time()})
+        self._log(line)
+        for name, r in tasks.items():
+            self._scalar(f"downstream/{name}_{r['metric']}", r.get(r["metric"], math.nan), step)
+
     def log_health(self, record: dict) -> None:
         """Per-layer health figures (trainer.health): the metrics file and TensorBoard, no progress line."""
         if not self.active:

@@ -55,13 +55,13 @@ def _tokenize(path: str, tokenizer_path: str) -> tuple[np.ndarray, int, int]:
     return ids, eos, tok.get_vocab_size()
 
 
-def _compact(docs: list[list[int]], eos: int, top: int) -> tuple[list[np.ndarray], int]:
+def _compact(docs: list[list[int]], eos: int, top: int) -> tuple[list[np.ndarray], int, np.ndarray]:
     counts = np.bincount(np.fromiter((t for d in docs for t in d), dtype=np.int64))
     order = [t for t in np.argsort(-counts, kind="stable") if counts[t] > 0 and t != eos][: top - 2]
     mapping = np.full(len(counts), top - 1, dtype=np.int64)  # everything else -> the "other" id
     mapping[order] = np.arange(len(order))
     mapping[eos] = top - 2
-    return [mapping[np.asarray(d)] for d in docs], top - 2
+    return [mapping[np.asarray(d)] for d in docs], top - 2, mapping
 
 
 class TextSource:
@@ -73,8 +73,9 @@ class TextSource:
         if key not in self._cache:
             self._cache[key] = _tokenize(cfg.path, cfg.tokenizer)
         docs, self.eos, self.vocab_size = self._cache[key]
+        self.mapping = None  # tokenizer id -> this source's id, when renumbered
         if cfg.top_tokens is not None:
-            docs, self.eos = _compact(docs, self.eos, cfg.top_tokens)
+            docs, self.eos, self.mapping = _compact(docs, self.eos, cfg.top_tokens)
             self.vocab_size = cfg.top_tokens
         n_val = max(1, int(len(docs) * cfg.val_fraction))
         docs = docs[-n_val:] if cfg.split == "val" else docs[:-n_val]
@@ -88,6 +89,25 @@ class TextSource:
         self.n_windows = (len(self.tokens) - 1) // T
         if self.n_windows < 1:
             raise ValueError(f"{cfg.path}: {len(self.tokens)} tokens in the {cfg.split} split, fewer than seq_len + 1")
+
+    def encoder(self):
+        """What encodes text into this source's ids (zero-shot evaluation during training): the tokenizer, and
+        the renumbering after it when top_tokens is set (a token absent from the file is "other")."""
+        from types import SimpleNamespace
+
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(self.cfg.tokenizer)
+        if self.mapping is None:
+            return tok
+        mapping, other = self.mapping, self.cfg.top_tokens - 1
+
+        class Renumbered:
+            def encode(self, text: str, add_special_tokens: bool = False):
+                ids = tok.encode(text, add_special_tokens=add_special_tokens).ids
+                return SimpleNamespace(ids=[int(mapping[i]) if i < len(mapping) else other for i in ids])
+
+        return Renumbered()
 
     def _window(self, index: int) -> int:
         # A fresh permutation of the windows each epoch, from (seed, epoch) alone.
