@@ -1,11 +1,14 @@
 """`pretrain`: materialize, inspect and read the factory's assets from a terminal.
 
-    pretrain materialize [--recipe R] [--select SEL] [--stale] [--jobs N]
+    pretrain materialize [--recipe R] [--select SEL] [--stale] [--refresh] [--jobs N]
     pretrain status      [--recipe R]
     pretrain where ASSET [--recipe R] [--source S]
     pretrain docs ASSET  [--recipe R] [--source S] [--limit N]
     pretrain plan        [--recipe R] [--model JSON_OR_PATH] [--tokens N] [--device h100] [--mfu 0.4]
-                         [--tp 1] [--pp 1] [--dp 8] [--zero 3] [--micro-batches M]
+                         [--tp 1] [--pp 1] [--dp 8] [--zero 3] [--micro-batches M] [--micro-batch B]
+                         [--recompute none|full|selective] [--sequence-parallel K] [--price USD] [--no-attention]
+    pretrain plan --params 1B,7B --tokens 20B,2T [--tflops 400] [--price 2]   (a cost table by N and D)
+    pretrain plan --budget 1.2e20                                              (compute-optimal N and D)
     pretrain lineage CHECKPOINT_URI [--json] [--no-check]
     pretrain export CHECKPOINT_URI DIR [--tokenizer tokenizer.json]
 
@@ -59,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     cmd = add("materialize", _materialize, "materialize assets into the store and the Dagster instance")
     cmd.add_argument("--select", help="comma-separated asset keys or patterns, '+' prefix to add their upstream (default: all)")
     cmd.add_argument("--stale", action="store_true", help="only what is stale or missing, looping until nothing is")
+    cmd.add_argument("--refresh", action="store_true",
+                     help="train again what is trained once and kept (the tokenizer, on the sources' current outputs) "
+                          "though its recipe section did not change")
     cmd.add_argument("--jobs", "-j", type=int, metavar="N",
                      help="independent steps run N at a time (default: $PRETRAIN_JOBS, else the number of CPUs)")
 
@@ -93,6 +99,15 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument(flag, type=int, default=default, help=f"default {default}")
     cmd.add_argument("--checkpoint-minutes", type=float, help="time to write one checkpoint (with --mtbf-hours)")
     cmd.add_argument("--mtbf-hours", type=float, help="mean time between failures of the whole job")
+    cmd.add_argument("--micro-batch", type=int, help="sequences per GPU per forward (default: the stage's)")
+    cmd.add_argument("--recompute", choices=["none", "full", "selective"],
+                     help="activation recomputation (default: the stage's model.activation_checkpointing)")
+    cmd.add_argument("--sequence-parallel", type=int, help="Ulysses degree: the sequence split over K GPUs (default 1)")
+    cmd.add_argument("--price", type=float, help="dollars per GPU-hour: adds the cost")
+    cmd.add_argument("--no-attention", action="store_true", help="FLOPs as 6·N·D, without the attention term")
+    cmd.add_argument("--params", help="comma-separated parameter counts (1B,7B): a cost table by N and --tokens")
+    cmd.add_argument("--tflops", type=float, default=400.0, help="achieved TFLOP/s per GPU of --params (default 400)")
+    cmd.add_argument("--budget", help="a FLOP budget (1.2e20): the compute-optimal parameters and tokens")
     return parser
 
 
@@ -109,7 +124,24 @@ class Factory:
 
         self.defs = build_defs(self.recipe)
         self.instance = DagsterInstance.get()
-        self.keys = sorted(self.defs.resolve_all_asset_keys(), key=lambda k: k.to_user_string())
+        graph = self.defs.resolve_asset_graph()
+        # What can be materialized: the observed input sets (curation/<source>/inputs) are source assets.
+        self.keys = sorted((k for k in self.defs.resolve_all_asset_keys() if graph.get(k).is_materializable),
+                           key=lambda k: k.to_user_string())
+
+    def observe_inputs(self) -> None:
+        """Observe every source's input files first, so new or replaced ones make their raw_crawl stale here as
+        in the UI (assets/curation/raw_crawl.py)."""
+        from dagster import Failure
+
+        from assets.curation.raw_crawl import observe_inputs
+
+        try:
+            changed = observe_inputs(self.instance, self.recipe)
+        except Failure as exc:  # an input that cannot be listed
+            raise UsageError(exc.description) from None
+        if changed:
+            print(f"pretrain: new input files observed for {', '.join(changed)}", file=sys.stderr)
 
     def statuses(self) -> list[tuple]:
         """[(key, "fresh" | "stale" | "missing", cause)] for every asset, in key order."""
@@ -123,6 +155,7 @@ class Factory:
             instance=self.instance,
             asset_graph=graph,
         )
+        self.observe_inputs()
         resolver = CachingStaleStatusResolver(instance=self.instance, asset_graph=graph, loading_context=view)
         rows = []
         for key in self.keys:
@@ -167,13 +200,16 @@ class Factory:
             chosen.update(matches)
         return [k for k in self.keys if k in chosen]
 
-    def materialize(self, keys: list, jobs: int | None = None) -> bool:
+    def materialize(self, keys: list, jobs: int | None = None, refresh: bool = False) -> bool:
         """Run `keys` in dependency order, each asset (each partition of the mix sweep) a Dagster run of its own
-        once everything it needs from the selection is done, up to `jobs` at once (assets/parallel.py)."""
+        once everything it needs from the selection is done, up to `jobs` at once (assets/parallel.py). `refresh`
+        tags the runs so that what is trained once and kept is trained again (the tokenizer)."""
         from assets.parallel import default_jobs, materialize_parallel
+        from assets.tokenization.tokenizer import REFRESH_TAG
 
+        self.observe_inputs()
         return materialize_parallel(self.defs, self.instance, keys, jobs=jobs or default_jobs(),
-                                    recipe_arg=self.recipe_arg)
+                                    recipe_arg=self.recipe_arg, run_tags={REFRESH_TAG: "true"} if refresh else None)
 
     @staticmethod
     def _ancestors(graph, key) -> set:
@@ -226,7 +262,7 @@ def _materialize(args) -> int:
     if not args.stale:
         keys = factory.select(args.select)
         print(f"materializing {len(keys)} asset(s) of recipe {factory.recipe.name!r}", file=sys.stderr)
-        return 0 if factory.materialize(keys, jobs) else 1
+        return 0 if factory.materialize(keys, jobs, refresh=args.refresh) else 1
 
     # Dagster shows staleness one step at a time (a child turns stale only after its parent is
     # re-materialized), so loop until nothing in the selection is stale or missing.
@@ -245,7 +281,7 @@ def _materialize(args) -> int:
             print(f"pretrain: still stale after materializing: {', '.join(k.to_user_string() for k in todo)}", file=sys.stderr)
             return 1
         print(f"materializing {len(todo)} stale or missing asset(s): {', '.join(k.to_user_string() for k in todo)}", file=sys.stderr)
-        if not factory.materialize(todo, jobs):
+        if not factory.materialize(todo, jobs, refresh=args.refresh):
             return 1
         done += todo
     if not done:
@@ -377,6 +413,21 @@ def _plan(args) -> int:
     from trainer import planner
 
     try:
+        if args.budget is not None:
+            flops = planner.parse_tokens(args.budget)
+            params, tokens = planner.compute_optimal(flops)
+            print(f"compute-optimal for {flops:.3g} FLOPs ({planner.TOKENS_PER_PARAMETER} tokens per parameter, "
+                  f"C = 6·N·D): {params:.3g} parameters on {tokens:.3g} tokens")
+            return 0
+        if args.params is not None:
+            params = [planner.parse_tokens(p) for p in args.params.split(",")]
+            budgets = [planner.parse_tokens(t) for t in (args.tokens or "").split(",") if t.strip()]
+            if len(budgets) != len(params):
+                raise UsageError(f"--tokens: give one token count per --params entry ({len(params)}), comma-separated")
+            planner.cost_table(list(zip(params, budgets)), flops_per_s=args.tflops * 1e12, price_per_gpu_hour=args.price,
+                               out=sys.stdout)
+            return 0
+        stage_options: dict = {}
         if args.model:
             name, shape, tokens = planner.load_stage(args.model, seq_len=args.seq_len)
             if args.tokens is not None:
@@ -386,16 +437,19 @@ def _plan(args) -> int:
             stages = [(name, shape, tokens)]
         else:
             recipe = load_recipe(args.recipe)
-            stages = _training_stages(recipe)
+            stages, stage_options = _training_stages(recipe)
             if not stages:
                 raise UsageError(f"recipe {recipe.name!r} has no training section; give --model JSON_OR_PATH and --tokens N")
         if (args.checkpoint_minutes is None) != (args.mtbf_hours is None):
             raise UsageError("--checkpoint-minutes and --mtbf-hours go together (Young's interval needs both)")
         layout = planner.Layout(tp=args.tp, pp=args.pp, dp=args.dp, zero=args.zero, micro_batches=args.micro_batches)
+        chosen = {"micro_batch": args.micro_batch, "recompute": args.recompute, "sequence_parallel": args.sequence_parallel}
         planner.report(
             stages, layout=layout, device=args.device, mfu=args.mfu, out=sys.stdout, err=sys.stderr,
             checkpoint_seconds=None if args.checkpoint_minutes is None else args.checkpoint_minutes * 60,
             mtbf_seconds=None if args.mtbf_hours is None else args.mtbf_hours * 3600,
+            stage_options=stage_options, price_per_gpu_hour=args.price, attention=not args.no_attention,
+            **{k: v for k, v in chosen.items() if v is not None},
         )
     except (RecipeError, UsageError):
         raise
@@ -404,14 +458,18 @@ def _plan(args) -> int:
     return 0
 
 
-def _training_stages(recipe) -> list[tuple]:
-    """[(stage name, ModelShape, tokens)] of the recipe's training stages, for `pretrain plan`."""
+def _training_stages(recipe) -> tuple[list[tuple], dict[str, dict]]:
+    """([(stage name, ModelShape, tokens)], {stage name: its micro-batch and recomputation}) of the recipe's
+    training stages, for `pretrain plan`."""
     from trainer.planner import ModelShape
 
     if recipe.training is None:
-        return []
-    return [(name, ModelShape.from_model_config(cfg.model, seq_len=cfg.batch.seq_len), float(cfg.train_tokens))
-            for name, cfg in recipe.training.run_configs()]
+        return [], {}
+    configs = recipe.training.run_configs()
+    stages = [(name, ModelShape.from_model_config(cfg.model, seq_len=cfg.batch.seq_len), float(cfg.train_tokens))
+              for name, cfg in configs]
+    return stages, {name: {"micro_batch": cfg.batch.micro_batch, "recompute": cfg.model.activation_checkpointing}
+                    for name, cfg in configs}
 
 
 if __name__ == "__main__":

@@ -57,8 +57,15 @@ class ModelConfig(_Config):
     init_std: float = 0.02
     attention: Literal["auto", "flex", "sdpa"] = "auto"  # auto: FlexAttention on CUDA, SDPA elsewhere
     doc_positions: bool = True  # RoPE positions restart at each document of a packed sequence
+    # Recompute activations in the backward pass instead of keeping them (memory for ~1/3 more compute):
+    # none; full: whole blocks, every `checkpoint_every`-th one (1: all); selective: the attention half of every
+    # block (its norm, projections and attention), the MLP's activations kept.
+    activation_checkpointing: Literal["none", "full", "selective"] = "none"
+    checkpoint_every: int = 1
 
     def _check(self) -> None:
+        if self.checkpoint_every < 1:
+            raise ValueError(f"model.checkpoint_every must be >= 1, got {self.checkpoint_every}")
         for name in ("vocab_size", "d_model", "n_layers", "n_heads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")

@@ -16,6 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from trainer.config import ModelConfig
 
@@ -135,8 +136,22 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, x, cos, sin, mask):
-        x = x + self.attn(self.attn_norm(x), cos, sin, mask)
+    def forward(self, x, cos, sin, mask, recompute: str = "none"):
+        """recompute: "none"; "block": this block's activations are recomputed in backward; "attention": only
+        its attention half's (non-reentrant torch checkpointing: the same ops again, so the same gradients)."""
+        if recompute == "block":
+            return checkpoint(self._forward, x, cos, sin, mask, use_reentrant=False)
+        if recompute == "attention":
+            x = x + checkpoint(self._attention, x, cos, sin, mask, use_reentrant=False)
+        else:
+            x = x + self._attention(x, cos, sin, mask)
+        return x + self.mlp(self.mlp_norm(x))
+
+    def _attention(self, x, cos, sin, mask):
+        return self.attn(self.attn_norm(x), cos, sin, mask)
+
+    def _forward(self, x, cos, sin, mask):
+        x = x + self._attention(x, cos, sin, mask)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -172,9 +187,16 @@ class Transformer(nn.Module):
         if doc_ids is not None:
             mask = flex_document_mask(doc_ids) if use_flex else document_causal_mask(doc_ids)
         x = self.tok_emb(tokens)  # (B, T, C)
-        for block in self.blocks:
-            x = block(x, cos, sin, mask)
+        for i, block in enumerate(self.blocks):
+            x = block(x, cos, sin, mask, recompute=self.recompute(i) if torch.is_grad_enabled() else "none")
         return self.head(self.norm(x))  # (B, T, V)
+
+    def recompute(self, layer: int) -> str:
+        """What block `layer` recomputes in backward (model.activation_checkpointing, checkpoint_every)."""
+        mode = self.cfg.activation_checkpointing
+        if mode == "full":
+            return "block" if layer % self.cfg.checkpoint_every == 0 else "none"
+        return "attention" if mode == "selective" else "none"
 
     def num_params(self, *, exclude_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())

@@ -80,7 +80,8 @@ class ModelShape:
     # trainer.config.ModelConfig spellings of the same fields, so its dict form loads as is.
     ALIASES = {"n_layers": "layers", "n_heads": "heads", "n_kv_heads": "kv_heads", "vocab_size": "vocab"}
     # ModelConfig settings that change neither the parameter count nor the FLOPs.
-    NOT_SIZING = frozenset({"rope_base", "z_loss", "norm_eps", "init_std", "attention", "doc_positions"})
+    NOT_SIZING = frozenset({"rope_base", "z_loss", "norm_eps", "init_std", "attention", "doc_positions",
+                            "activation_checkpointing", "checkpoint_every"})
 
     @classmethod
     def from_model_config(cls, model, *, seq_len: int) -> ModelShape:
@@ -124,11 +125,38 @@ def parameter_count(shape: ModelShape) -> int:
     return embedding + shape.layers * (attention + mlp + norms) + d + head  # + d: final norm
 
 
-def flops_per_token(shape: ModelShape, params: int | None = None) -> float:
+def flops_per_token(shape: ModelShape, params: int | None = None, *, attention: bool = True) -> float:
     """Training FLOPs per token, forward + backward: 6N for the matmuls with the weights plus
-    12·L·T·d for the attention scores and their weighted sum (PaLM appendix B; not halved for causality)."""
+    12·L·T·d for the attention scores and their weighted sum (PaLM appendix B; not halved for causality).
+    attention=False leaves that term out: the 6·N·D of the scaling-law papers and cost tables."""
     n = parameter_count(shape) if params is None else params
-    return 6 * n + 12 * shape.layers * shape.seq_len * shape.d_model
+    return 6 * n + (attention_flops_per_token(shape) if attention else 0)
+
+
+def attention_flops_per_token(shape: ModelShape) -> float:
+    return 12 * shape.layers * shape.seq_len * shape.d_model
+
+
+TOKENS_PER_PARAMETER = 20  # compute-optimal (Chinchilla: Hoffmann et al. 2022)
+
+
+def compute_optimal(flops: float, tokens_per_parameter: float = TOKENS_PER_PARAMETER) -> tuple[float, float]:
+    """(parameters, tokens) that spend a FLOP budget C = 6·N·D with D = 20·N: N = sqrt(C / 120)."""
+    if flops <= 0:
+        raise ValueError(f"budget: FLOPs must be > 0, got {flops!r}")
+    params = math.sqrt(flops / (6 * tokens_per_parameter))
+    return params, tokens_per_parameter * params
+
+
+def cost_row(params: float, tokens: float, *, flops_per_s: float, price_per_gpu_hour: float | None = None) -> dict:
+    """One line of a cost table by N and D alone (no attention term): FLOPs 6·N·D, GPU-hours at an achieved
+    throughput per GPU (e.g. 400e12), and dollars at a price per GPU-hour."""
+    if params <= 0 or tokens <= 0 or flops_per_s <= 0:
+        raise ValueError(f"cost: params, tokens and FLOP/s must be > 0, got {params}, {tokens}, {flops_per_s}")
+    flops = 6 * params * tokens
+    hours = flops / flops_per_s / 3600
+    return {"params": params, "tokens": tokens, "flops": flops, "gpu_hours": hours,
+            "usd": None if price_per_gpu_hour is None else hours * price_per_gpu_hour}
 
 
 def total_flops(shape: ModelShape, tokens: float) -> float:
@@ -202,6 +230,13 @@ class Plan:
     gpu_hours: float
     wall_hours: float  # gpu_hours spread over the layout's GPUs
     state_bytes_per_gpu: float
+    activation_bytes_per_gpu: float  # with the stage's recomputation
+    activation_bytes_no_recompute: float
+    recompute: str
+    micro_batch: int
+    sequence_parallel: int
+    attention_share: float  # the attention term's FLOPs over 6N
+    usd: float | None  # gpu_hours at the price per GPU-hour, when given
     bubble: float
     checkpoint_interval_s: float | None
     fits: bool
@@ -210,16 +245,24 @@ class Plan:
     def lines(self) -> list[str]:
         lines = [
             f"parameters          {self.params:,} ({self.params / 1e9:.2f} B)",
-            f"FLOPs/token         {self.flops_per_token:.3e} (6N + 12·L·T·d, T = {self.shape.seq_len})",
+            f"FLOPs/token         {self.flops_per_token:.3e} "
+            + (f"(6N + 12·L·T·d, T = {self.shape.seq_len})" if self.flops_per_token > 6 * self.params else
+               "(6N: the attention term left out)"),
             f"tokens              {self.tokens:.3e}",
             f"total FLOPs         {self.total_flops:.3e}",
             f"GPU-hours           {self.gpu_hours:,.0f} {self.device.name} at {self.mfu:.0%} MFU"
             f" ({self.wall_hours:,.1f} h wall on {self.layout.gpus} GPUs)",
+            f"attention term      +{self.attention_share:.1%} FLOPs over 6N",
             f"state/GPU           {self.state_bytes_per_gpu / 1e9:.2f} GB of {self.device.memory_bytes / 1e9:.0f} GB"
             f" (tp {self.layout.tp} × pp {self.layout.pp} × dp {self.layout.dp}, ZeRO-{self.layout.zero};"
-            " weights+grads+Adam, activations not counted)",
+            " weights+grads+Adam)",
+            f"activations/GPU     {self.activation_bytes_per_gpu / 1e9:.2f} GB (recompute {self.recompute}, micro-batch "
+            f"{self.micro_batch}, sequence parallel {self.sequence_parallel}; "
+            f"{self.activation_bytes_no_recompute / 1e9:.2f} GB without recomputation)",
             f"pipeline bubble     {self.bubble:.1%} (P = {self.layout.pp}, m = {self.layout.micro_batches})",
         ]
+        if self.usd is not None:
+            lines.append(f"cost                ${self.usd:,.0f}")
         if self.checkpoint_interval_s is not None:
             lines.append(f"checkpoint every    {self.checkpoint_interval_s / 60:.1f} min (Young)")
         return lines
@@ -234,22 +277,34 @@ def plan(
     *,
     checkpoint_seconds: float | None = None,
     mtbf_seconds: float | None = None,
+    micro_batch: int = 1,
+    recompute: str = "none",
+    sequence_parallel: int = 1,
+    price_per_gpu_hour: float | None = None,
+    attention: bool = True,
 ) -> Plan:
-    """All the figures for one training stage, with a warning when the model state alone overflows a GPU."""
+    """All the figures for one training stage, with a warning when the model state and the activations of a
+    micro-batch overflow a GPU."""
+    from trainer.activations import activation_bytes_per_gpu
+
     if tokens <= 0:
         raise ValueError(f"tokens: must be > 0, got {tokens!r}")
     dev = get_device(device)
     params = parameter_count(shape)
-    per_token = flops_per_token(shape, params)
+    per_token = flops_per_token(shape, params, attention=attention)
     hours = gpu_hours(per_token * tokens, device=dev, mfu=mfu)
     state = model_state_bytes_per_gpu(params, layout)
-    fits = state <= dev.memory_bytes
+    sizing = {"micro_batch": micro_batch, "layout": layout, "sequence_parallel": sequence_parallel}
+    activations = activation_bytes_per_gpu(shape, recompute=recompute, **sizing)
+    without = activation_bytes_per_gpu(shape, recompute="none", **sizing)
+    fits = state + activations <= dev.memory_bytes
     warning = None
     if not fits:
         warning = (
-            f"model state needs {state / 1e9:.1f} GB per GPU but one {dev.name} has {dev.memory_bytes / 1e9:.0f} GB"
-            f" (tp {layout.tp} × pp {layout.pp} × dp {layout.dp}, ZeRO-{layout.zero}): shard it further"
-            " (a higher ZeRO stage over more dp ranks, or more tp/pp)"
+            f"model state {state / 1e9:.1f} GB + activations {activations / 1e9:.1f} GB per GPU do not fit one "
+            f"{dev.name}'s {dev.memory_bytes / 1e9:.0f} GB (tp {layout.tp} × pp {layout.pp} × dp {layout.dp}, "
+            f"ZeRO-{layout.zero}, recompute {recompute}): shard it further (a higher ZeRO stage over more dp ranks, "
+            "more tp/pp), recompute activations, split the sequence, or take a smaller micro-batch"
         )
     interval = None
     if checkpoint_seconds is not None and mtbf_seconds is not None:
@@ -257,16 +312,23 @@ def plan(
     return Plan(
         shape=shape, layout=layout, device=dev, mfu=mfu, tokens=tokens, params=params, flops_per_token=per_token,
         total_flops=per_token * tokens, gpu_hours=hours, wall_hours=hours / layout.gpus, state_bytes_per_gpu=state,
-        bubble=pipeline_bubble(layout.pp, layout.micro_batches), checkpoint_interval_s=interval, fits=fits, warning=warning,
+        activation_bytes_per_gpu=activations, activation_bytes_no_recompute=without, recompute=recompute,
+        micro_batch=micro_batch, sequence_parallel=sequence_parallel,
+        attention_share=attention_flops_per_token(shape) / (6 * params),
+        usd=None if price_per_gpu_hour is None else hours * price_per_gpu_hour, bubble=pipeline_bubble(layout.pp, layout.micro_batches), checkpoint_interval_s=interval, fits=fits, warning=warning,
     )
 
 
 def report(stages: list[tuple[str, ModelShape, float]], *, layout: Layout, device: str | Device, mfu: float,
-           checkpoint_seconds: float | None = None, mtbf_seconds: float | None = None, out, err) -> list[Plan]:
-    """Print one block per training stage to `out`; a layout that does not fit also warns on `err`."""
+           checkpoint_seconds: float | None = None, mtbf_seconds: float | None = None, out, err,
+           stage_options: dict[str, dict] | None = None, **options) -> list[Plan]:
+    """Print one block per training stage to `out`; a layout that does not fit also warns on `err`. `options` are
+    plan()'s sizing keywords for every stage (micro_batch, recompute, ...), over each stage's own
+    `stage_options[name]` (from its run config)."""
     plans = []
     for i, (name, shape, tokens) in enumerate(stages):
-        p = plan(shape, tokens, layout, device, mfu, checkpoint_seconds=checkpoint_seconds, mtbf_seconds=mtbf_seconds)
+        p = plan(shape, tokens, layout, device, mfu, checkpoint_seconds=checkpoint_seconds, mtbf_seconds=mtbf_seconds,
+                 **{**(stage_options or {}).get(name, {}), **options})
         if i:
             print(file=out)
         print(f"stage {name}", file=out)
@@ -277,6 +339,19 @@ def report(stages: list[tuple[str, ModelShape, float]], *, layout: Layout, devic
             print(f"WARNING: stage {name}: {p.warning}", file=err)
         plans.append(p)
     return plans
+
+
+def cost_table(rows: list[tuple[float, float]], *, flops_per_s: float, price_per_gpu_hour: float | None, out) -> list[dict]:
+    """Print a cost table by parameters and tokens alone (6·N·D, no attention term), as scaling-law papers give it."""
+    print(f"{'params':>10} {'tokens':>10} {'FLOPs':>10} {'GPU-hours':>12} {'cost':>12}   "
+          f"(6·N·D at {flops_per_s / 1e12:.0f} TFLOP/s achieved per GPU)", file=out)
+    found = []
+    for params, tokens in rows:
+        row = cost_row(params, tokens, flops_per_s=flops_per_s, price_per_gpu_hour=price_per_gpu_hour)
+        usd = "" if row["usd"] is None else f"${row['usd']:,.0f}"
+        print(f"{params:>10.3g} {tokens:>10.3g} {row['flops']:>10.2e} {row['gpu_hours']:>12,.0f} {usd:>12}", file=out)
+        found.append(row)
+    return found
 
 
 def load_stage(spec: str, *, seq_len: int | None = None) -> tuple[str, ModelShape, float | None]:

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from trainer.config import ModelConfig, OptimConfig
+from trainer.config import ModelConfig, OptimConfig, RunConfig, from_dict
 from trainer.model import CausalLM, Transformer, document_causal_mask, flex_document_mask, lm_loss
 from trainer.optim import param_groups
 
@@ -122,3 +122,40 @@ def test_flex_path_of_the_model_matches_sdpa(monkeypatch):
     with torch.no_grad():
         torch.testing.assert_close(flex(tokens, doc_ids=doc_ids, positions=positions),
                                    sdpa(tokens, doc_ids=doc_ids, positions=positions), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode,every", [("full", 1), ("full", 2), ("selective", 1)])
+def test_activation_checkpointing_gives_the_same_losses_and_gradients_and_keeps_fewer_activations(mode, every):
+    torch.manual_seed(0)
+    base = dict(vocab_size=96, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, z_loss=1e-4)
+    plain = CausalLM(ModelConfig(**base))
+    recomputing = CausalLM(ModelConfig(**base, activation_checkpointing=mode, checkpoint_every=every))
+    recomputing.load_state_dict(plain.state_dict())
+    tokens = torch.randint(0, 96, (2, 33))
+    doc_ids = torch.tensor([[0] * 20 + [1] * 13, [0] * 33])  # a packed row: the document mask goes through too
+
+    def step(model):
+        saved = []  # every tensor autograd keeps for backward
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+            loss, _ = model(tokens[:, :-1], tokens[:, 1:], doc_ids=doc_ids[:, :-1])
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in model.named_parameters()}, sum(saved)
+
+    loss, grads, kept = step(plain)
+    loss_ac, grads_ac, kept_ac = step(recomputing)
+    assert torch.equal(loss, loss_ac)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grads_ac[name], grad, rtol=0, atol=1e-7, msg=name)
+    assert kept_ac < kept
+    if mode == "full" and every == 1:
+        assert kept_ac < kept / 2  # only each block's input (and the head's) stays
+
+
+def test_activation_checkpointing_settings_are_checked():
+    assert Transformer(ModelConfig(vocab_size=8, d_model=8, n_layers=4, n_heads=2, activation_checkpointing="full",
+                                   checkpoint_every=2)).recompute(2) == "block"
+    with pytest.raises(ValueError, match="checkpoint_every must be >= 1"):
+        ModelConfig(checkpoint_every=0)
+    with pytest.raises(ValueError, match="activation_checkpointing"):
+        from_dict(RunConfig, {"model": {"activation_checkpointing": "some"}, "data": {"shards": {"_": "_"}},
+                              "output_dir": "_", "train_tokens": 1})

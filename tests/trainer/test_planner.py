@@ -1,12 +1,16 @@
 """The planner reproduces published sizing figures, and `pretrain plan` prints them."""
 
 import json
+import math
 
 import pytest
 
 from assets.cli import main
+from trainer.activations import activation_bytes_per_gpu
 from trainer.planner import (
     Layout,
+    compute_optimal,
+    cost_row,
     ModelShape,
     flops_per_token,
     gpu_hours,
@@ -168,3 +172,79 @@ def test_cli_plan_bad_input_exits_2_naming_the_field(capsys, args, message):
     assert main(["plan", *args]) == 2
     out, err = capsys.readouterr()
     assert message in err and out == ""
+
+
+# Seed 002's cost table: (N, D) -> (FLOPs, GPU-hours at 400 TFLOP/s achieved); the 1B row also costs $170 at $2/h.
+SEED_002 = [(1e9, 20e9, 1.2e20, 83), (7e9, 2e12, 8.4e22, 58_000), (70e9, 15e12, 6.3e24, 4.4e6),
+            (400e9, 15e12, 3.6e25, 25e6)]
+
+
+@pytest.mark.parametrize("params,tokens,flops,hours", SEED_002)
+def test_the_cost_table_of_seed_002_by_n_and_d(params, tokens, flops, hours):
+    row = cost_row(params, tokens, flops_per_s=400e12, price_per_gpu_hour=2.0)
+    assert row["flops"] == pytest.approx(flops, rel=1e-9)
+    assert row["gpu_hours"] == pytest.approx(hours, rel=0.02)  # the seed rounds to two figures
+    if params == 1e9:
+        assert round(row["usd"], -1) == 170
+
+
+def test_pretrain_plan_prints_the_seed_table_and_the_compute_optimal_size(capsys):
+    assert main(["plan", "--params", "1B,7B,70B,400B", "--tokens", "20B,2T,15T,15T", "--tflops", "400",
+                 "--price", "2"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [r[2] for r in rows] == ["1.20e+20", "8.40e+22", "6.30e+24", "3.60e+25"]
+    assert [r[3] for r in rows] == ["83", "58,333", "4,375,000", "25,000,000"] and rows[0][4] == "$167"
+    assert main(["plan", "--budget", "1.2e20"]) == 0
+    assert "1e+09 parameters on 2e+10 tokens" in capsys.readouterr().out
+    assert compute_optimal(8.4e22) == pytest.approx((math.sqrt(8.4e22 / 120), 20 * math.sqrt(8.4e22 / 120)))
+
+
+def test_the_attention_term_is_stated_and_can_be_left_out():
+    shape = llama2_7b()
+    with_attention = plan(shape, 2e12, Layout(dp=64, zero=3), "h100", 0.4)
+    without = plan(shape, 2e12, Layout(dp=64, zero=3), "h100", 0.4, attention=False)
+    n = parameter_count(shape)
+    assert without.flops_per_token == 6 * n
+    assert with_attention.flops_per_token - without.flops_per_token == 12 * 32 * 4096 * 4096
+    assert with_attention.attention_share == pytest.approx(12 * 32 * 4096 * 4096 / (6 * n))  # ~16% at 4k context
+    assert any("attention term      +15.9%" in line for line in with_attention.lines())
+
+
+# A small shape whose activation bytes are worked out by hand below: h = 64, 4 heads of 16, 2 kv heads (kv_dim 32),
+# f = 128, 4 layers, vocab 100, s = 8 tokens, micro-batch 2 (16 tokens).
+SMALL = ModelShape(layers=4, d_model=64, d_ff=128, heads=4, kv_heads=2, vocab=100, seq_len=8)
+
+
+def test_activation_memory_by_hand():
+    tokens = 16
+    # A layer keeps, per token: x, norm(x), x', norm(x') = 4·64 = 256; q 64, k 32, v 32, attention output 64 = 192;
+    # gate, up, silu(gate), product = 4·128 = 512: 960 elements, 1920 bytes. The head: 2·64 bf16 + 100 fp32 log-probs.
+    layer, head = 960 * 2, 2 * 64 * 2 + 100 * 4
+    one = Layout()
+    assert activation_bytes_per_gpu(SMALL, micro_batch=2, layout=one) == tokens * (4 * layer + head)
+    # Full recomputation keeps each layer's input (64 elements) and recomputes one layer at a time.
+    assert activation_bytes_per_gpu(SMALL, micro_batch=2, layout=one, recompute="full") == \
+        tokens * (4 * 64 * 2 + layer + head)
+    # Selective: a layer keeps x, x', norm(x') and the MLP's 512; the attention half (2·64 + 192) is recomputed.
+    assert activation_bytes_per_gpu(SMALL, micro_batch=2, layout=one, recompute="selective") == \
+        tokens * (4 * (3 * 64 + 512) * 2 + (128 + 192) * 2 + head)
+    # Tensor parallel 2 splits q, k, v, the attention output, the MLP's intermediates and the vocabulary.
+    assert activation_bytes_per_gpu(SMALL, micro_batch=2, layout=Layout(tp=2)) == \
+        tokens * (4 * (256 + 704 / 2) * 2 + 2 * 64 * 2 + 50 * 4)
+    # Ulysses over 2 GPUs: each holds half the sequence.
+    assert activation_bytes_per_gpu(SMALL, micro_batch=2, layout=one, sequence_parallel=2) == 8 * (4 * layer + head)
+    # Without a fused attention kernel, the softmax output: a·s = 4·8 elements a token a layer.
+    assert activation_bytes_per_gpu(SMALL, micro_batch=2, layout=one, flash=False) == \
+        tokens * (4 * (960 + 32) * 2 + head)
+    # 1F1B over 2 stages with 4 micro-batches: the first stage keeps its 2 layers for 2 micro-batches in flight.
+    assert activation_bytes_per_gpu(SMALL, micro_batch=2, layout=Layout(pp=2, micro_batches=4)) == \
+        tokens * (2 * 2 * layer)
+
+
+def test_a_layout_whose_activations_do_not_fit_warns_and_recomputation_makes_it_fit():
+    big = ModelShape(layers=32, d_model=4096, d_ff=14336, heads=32, kv_heads=8, vocab=128256, seq_len=8192)  # Llama 3 8B
+    kept = plan(big, 1e12, Layout(dp=8, zero=3), "h100", 0.4, micro_batch=2)
+    assert not kept.fits and "activations" in kept.warning and "recompute" in kept.warning
+    recomputed = plan(big, 1e12, Layout(dp=8, zero=3), "h100", 0.4, micro_batch=2, recompute="full")
+    assert recomputed.fits and recomputed.activation_bytes_per_gpu < kept.activation_bytes_per_gpu / 5
+    assert recomputed.activation_bytes_no_recompute == kept.activation_bytes_per_gpu
