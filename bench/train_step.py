@@ -14,7 +14,9 @@ bf16), one process, the same torch threads.
 - baseline + document mask: the same loop with the packed documents' mask and restarting positions.
 - trainer: trainer.train.Trainer.step() as the demo runs it (ZeRO-1 with one process, document mask, the
   spike guard, the SDC/straggler figures, the watchdog, health every health.interval steps), then the same
-  with one check turned off at a time (what each costs), and with ZeRO-0 (what ZeRO-1's buffers cost).
+  with one check turned off at a time (what each costs), with ZeRO-0 (what ZeRO-1's buffers cost), and with
+  activation checkpointing full and selective (the time each costs; the activation bytes autograd keeps for one
+  step's backward, with and without, are printed as the memory saved).
 Steps of every runner interleave one by one (steps × rounds each) so load from other processes hits all alike;
 each figure is the median step. --two-process adds the trainer's ZeRO-1 on 2 processes (torchrun).
 Last line: `ratio: X.XX` = trainer tokens/s ÷ baseline tokens/s (target ≥ 0.90).
@@ -106,6 +108,32 @@ class Baseline:
         self.opt.zero_grad(set_to_none=True)
 
 
+RECOMPUTE = ("full", "selective")
+
+
+def kept_activation_bytes(cfg: RunConfig, source, batch: int, bf16: bool, mode: str) -> int:
+    """Bytes of the tensors autograd keeps for backward in one forward of the model (parameters not counted)."""
+    from trainer.model import CausalLM
+
+    model = CausalLM(cfg.model.model_copy(update={"activation_checkpointing": mode}))
+    params = {p.data_ptr() for p in model.parameters()}
+    b = source.batch(list(range(batch)))
+    tokens = torch.as_tensor(b["tokens"])
+    kept: dict[int, int] = {}
+
+    def pack(t):
+        if t.data_ptr() not in params:
+            kept[t.data_ptr()] = t.numel() * t.element_size()  # a tensor saved twice is held once
+        return t
+
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
+        loss, _ = model(tokens[:, :-1], tokens[:, 1:], torch.as_tensor(b["doc_ids"])[:, :-1],
+                        torch.as_tensor(b["positions"])[:, :-1])
+    loss.backward()
+    return sum(kept.values())
+
+
 def step_seconds(step) -> float:
     t = time.perf_counter()
     step()
@@ -153,6 +181,9 @@ def main():
     # ZeRO-1 on one process shards nothing: what its flat buffers and copies cost against plain DeepSpeed.
     trainers["trainer, ZeRO-0"] = Trainer(from_dict(RunConfig, run_dict(work / "zero0", args, budget, zero_stage=0)),
                                           train_source=source, val_sources={})
+    for mode in RECOMPUTE:
+        cfg = from_dict(RunConfig, run_dict(work / f"ac-{mode}", args, budget, model={"activation_checkpointing": mode}))
+        trainers[f"trainer, {mode} recompute"] = Trainer(cfg, train_source=source, val_sources={})
     precision = trainers["trainer"].precision
     runners = {
         "baseline": Baseline(base_cfg, source, batch=args.batch, bf16=precision.bf16, doc_mask=False).step,
@@ -182,6 +213,13 @@ def main():
     for check in CHECKS:
         cost = median["trainer"] - median[f"trainer without {check}"]
         print(f"{check:20s} costs {1e3 * cost:+.2f} ms/step in the trainer")
+    plain = kept_activation_bytes(base_cfg, source, args.batch, precision.bf16, "none")
+    for mode in RECOMPUTE:
+        kept = kept_activation_bytes(base_cfg, source, args.batch, precision.bf16, mode)
+        cost = median[f"trainer, {mode} recompute"] - median["trainer"]
+        print(f"{mode} recompute keeps {kept / 2**20:.1f} MiB of activations for backward instead of "
+              f"{plain / 2**20:.1f} MiB ({1 - kept / plain:.0%} saved) and costs {1e3 * cost:+.2f} ms/step "
+              f"({cost / median['trainer']:+.0%})")
     if args.two_process:
         two = two_process(work, args)
         print(f"{'trainer ZeRO-1, 2 processes':36s} {two:10,.0f} tokens/s  {two / base:5.2f}× (whole job)")
