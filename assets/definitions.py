@@ -16,7 +16,7 @@ from assets.curation import curation_assets
 from assets.curation.decontaminated import decontaminated_key
 from assets.evaluation import evaluation_assets
 from assets.home import pretrain_home, store_url
-from assets.mixing import mixing_assets, mixing_schedules
+from assets.mixing import mixing_assets, mixing_schedules, mixing_sensors
 from assets.recipe import Recipe, load_recipe
 from assets.tokenization import tokenization_assets
 from assets.training import training_assets
@@ -54,7 +54,8 @@ def build_defs(recipe: Recipe) -> Definitions:
     assets += mixing_assets(recipe)
     assets += training_assets(recipe)
     assets += evaluation_assets(recipe)
-    return Definitions(assets=assets, schedules=mixing_schedules(recipe), resources=build_resources())
+    return Definitions(assets=assets, schedules=mixing_schedules(recipe), sensors=mixing_sensors(recipe),
+                       resources=build_resources())
 
 
 defs = build_defs(load_recipe())

@@ -1,16 +1,16 @@
 """`mixing/mix_sweep` (one partition per candidate mixture): trains the proxy model (training.main with
 mixing.proxy merged over it) on one candidate's mixture of the packed sources through the launcher resource;
-records each domain's validation loss and the target loss."""
+records each domain's validation loss and the target loss. Every partition drawn so far is kept: the mixing
+sensor (assets/mixing/__init__.py) runs each new one once, and a rerun of an unchanged one reuses its result."""
 
 from pathlib import Path
 
-from dagster import AutomationCondition, Failure, MetadataValue
+from dagster import Failure, MetadataValue
 
 from assets.core.factory import Inputs, OutputSpec, output_asset
 from assets.core.upstream import Output
 from assets.mixing.section import (
     CANDIDATES,
-    MIXING_IMPLEMENTATION,
     candidates_key,
     mixing_section,
     proxy_launch,
@@ -25,6 +25,11 @@ from assets.training.inputs import packed_keys, training_inputs
 
 
 def mix_sweep_asset(recipe: Recipe):
+    return output_asset(mix_sweep_spec(recipe))
+
+
+def mix_sweep_spec(recipe: Recipe) -> OutputSpec:
+    """The sweep's spec (mixture_weights fits only the runs of its current code version: the same proxy)."""
     sources = sorted(recipe.mixing.prior)
     launch = proxy_launch(recipe).overrides()
     target_name = recipe.mixing.target
@@ -69,14 +74,14 @@ def mix_sweep_asset(recipe: Recipe):
             "val_loss_plot": bar_chart(payload["val_loss"], title="validation loss per domain", ylabel="loss"),
         }
 
-    return output_asset(OutputSpec(
-        key=sweep_key(), group="mixing", stage="mix_sweep", implementation=MIXING_IMPLEMENTATION,
+    return OutputSpec(
+        key=sweep_key(), group="mixing", stage="mix_sweep", code=("trainer",),
         section=mixing_section(recipe),
         description=("One proxy run per candidate mixture (a partition): the proxy model (training.main with "
                      "mixing.proxy over it) trained on that mixture of the packed sources; records each domain's "
                      f"validation loss and the target ({target_name}). Driven by `mixing` and `training`."),
         deps=[candidates_key(), *packed_keys(sources)], prepare=prepare, build=build, metadata=metadata,
         resources=frozenset({"launcher"}), out_name="result",
-        asset_args={"partitions_def": CANDIDATES, "automation_condition": AutomationCondition.eager(),
+        asset_args={"partitions_def": CANDIDATES,
                     "metadata": {"launch": MetadataValue.json(launch)}},  # over the launcher resource's defaults
-    ))
+    )

@@ -1,15 +1,20 @@
-"""`mixing/mixture_weights`: fits loss ~ weights over every swept candidate (RegMix) and picks the mixture with
-the lowest predicted target loss. Kept fresh by the automation sensor once the sweep reruns; a training stage
-reads the chosen weights, with their data version, from the store."""
+"""`mixing/mixture_weights`: fits loss ~ weights over every completed proxy run of every draw so far (RegMix)
+and picks the mixture with the lowest predicted target loss. The mixing sensor refits it once a tick's sweep
+runs have finished; a training stage reads the chosen weights, with their data version, from the store.
+
+A candidate whose run has not finished (or failed) is left out and named ("pending"), as is one whose latest
+result came from another proxy (a changed `mixing.proxy` until the sweep reruns): runs of different proxies
+are not comparable. With fewer runs than the quadratic model's features the fit falls back to the linear
+model (trainer/mixing.py choose_model): a warning in the log and `fit_warning` in the metadata say so."""
 
 from pathlib import Path
 
-from dagster import AssetRecordsFilter, AutomationCondition, Failure, MetadataValue
+from dagster import AssetRecordsFilter, Failure, MetadataValue
 
 from assets.core.factory import Inputs, OutputSpec, output_asset
 from assets.core.upstream import Output, output_at
+from assets.mixing.mix_sweep import mix_sweep_spec
 from assets.mixing.section import (
-    MIXING_IMPLEMENTATION,
     candidates_key,
     read_result,
     sweep_key,
@@ -24,28 +29,47 @@ from trainer.mixing import best_mixture, fit_mixture_regression
 
 def mixture_weights_asset(recipe: Recipe):
     cfg = recipe.mixing.engine_config()
+    sweep_version = mix_sweep_spec(recipe).code_version  # the current proxy's runs only
 
     def prepare(inputs: Inputs) -> Inputs:
-        candidates = read_result(inputs.store, inputs.read(candidates_key()).prefix)["candidates"]
-        results, swept = [], {}  # swept: each partition's data version (the version key's upstream)
-        for name in sorted(candidates):
+        drawn = read_result(inputs.store, inputs.read(candidates_key()).prefix)
+        results, swept, pending, other = [], {}, [], []  # swept: each partition's data version (the version key's)
+        for name in sorted(drawn["candidates"]):
             record = _latest_partition(inputs.context.instance, name)
             if record is None:
-                raise Failure(description=f"mix_sweep partition {name} has not run: materialize every partition "
-                                          "of mixing/mix_sweep first")
-            prefix = record.asset_materialization.metadata["prefix"].value
-            swept[f"mixing/mix_sweep[{name}]"] = output_at(inputs.store, sweep_key(), prefix).data_version
-            results.append(read_result(inputs.store, prefix))
-        return inputs.but(key_upstream=swept, manifest={"swept": swept}, extra={"results": results})
+                pending.append(name)
+                continue
+            output = output_at(inputs.store, sweep_key(), record.asset_materialization.metadata["prefix"].value)
+            if output.manifest.get("code_version") != sweep_version:
+                other.append(name)
+                continue
+            swept[f"mixing/mix_sweep[{name}]"] = output.data_version
+            results.append(read_result(inputs.store, output.prefix))
+        if len(results) < 2:
+            raise Failure(description=f"{len(results)} of the {len(drawn['candidates'])} candidates have a proxy run "
+                                      "of the current sweep: the fit needs 2 or more; materialize the partitions of "
+                                      "mixing/mix_sweep first")
+        if pending or other:
+            inputs.log.warning(f"fitting {len(results)} proxy runs; left out: not run yet {pending}, run with "
+                               f"another proxy {other}")
+        return inputs.but(key_upstream=swept, manifest={"swept": swept},
+                          extra={"results": results, "pending": pending + other, "draws": drawn.get("draws", {})})
 
     def build(inputs: Inputs, out_dir: Path) -> dict:
         results = inputs.extra["results"]
         model = fit_mixture_regression([r["weights"] for r in results], [r["target_loss"] for r in results],
                                        ridge=cfg.ridge)
+        if model.warning:
+            inputs.log.warning(f"mixture fit: {model.warning}")
         best, predicted = best_mixture(model, cfg)
+        fitted = {r["mixture"] for r in results}
         write_result(out_dir, {"weights": best, "predicted_target_loss": predicted, "r2": model.r2,
                                "loo_rmse": model.loo_rmse, "target": recipe.mixing.target,
-                               "candidates": {r["mixture"]: r["target_loss"] for r in results}})
+                               "model": model.model, "features": model.features, "fit_warning": model.warning,
+                               "candidates": {r["mixture"]: r["target_loss"] for r in results},
+                               "runs_per_draw": {d: len(fitted & set(names))
+                                                 for d, names in inputs.extra["draws"].items()},
+                               "pending": inputs.extra["pending"]})
         return {}
 
     def metadata(inputs: Inputs, output: Output) -> dict:
@@ -56,16 +80,21 @@ def mixture_weights_asset(recipe: Recipe):
             "predicted_target_loss": payload["predicted_target_loss"],
             "best_swept_loss": min(payload["candidates"].values()),
             "fit_r2": payload["r2"], "fit_loo_rmse": payload["loo_rmse"],
+            "fit_model": payload["model"], "fit_features": payload["features"],
+            "fit_runs": len(payload["candidates"]),
+            "fit_warning": payload["fit_warning"] or "none: at least as many runs as the model's features",
+            "runs_per_draw": MetadataValue.json(payload["runs_per_draw"]),
+            "pending": MetadataValue.json(payload["pending"]),
             "swept": MetadataValue.json(payload["candidates"]),
         }
 
     return output_asset(OutputSpec(
-        key=weights_key(), group="mixing", stage="mixture_weights", implementation=MIXING_IMPLEMENTATION,
+        key=weights_key(), group="mixing", stage="mixture_weights",
         section=weights_section(recipe),
         description=("The chosen mixture: a regression of the target loss on the weights, fitted over every "
-                     "swept candidate (RegMix), minimised over fresh mixtures around the prior."),
+                     "completed proxy run of every draw (RegMix; the linear model while runs are fewer than the "
+                     "quadratic model's features), minimised over fresh mixtures around the prior."),
         deps=[sweep_key()], prepare=prepare, build=build, metadata=metadata,
-        asset_args={"automation_condition": AutomationCondition.eager()},
     ))
 
 

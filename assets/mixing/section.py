@@ -1,7 +1,8 @@
 """What the three mixing assets share: their keys, the recipe's mixing section as they version it, the proxy
-run's settings, and the JSON result file each of them commits."""
+run's settings, the JSON result file each of them commits, and how a scheduled tick names its draw."""
 
 import json
+from datetime import datetime, timezone
 
 from dagster import AssetKey, DynamicPartitionsDefinition
 
@@ -9,9 +10,28 @@ from assets.recipe import Recipe
 from assets.stages import LaunchSettings, merge, split_launch
 from storage.objects import ObjectStore
 
-MIXING_IMPLEMENTATION = "v1"
 CANDIDATES = DynamicPartitionsDefinition(name="mix_candidates")
 RESULT_FILE = "result.json"
+# The run tag naming the scheduled tick whose candidates mix_candidates draws (the schedule sets it); a run
+# without it draws the recipe's base sweep (BASE_DRAW).
+TICK_TAG = "pretrain/mix_tick"
+BASE_DRAW = "base"
+_TICK_FORMAT = "%Y-%m-%dT%H:%MZ"
+
+
+def tick_label(when: datetime) -> str:
+    """A scheduled time as a draw's name, to the minute in UTC: '2026-12-06T03:00Z'."""
+    return when.astimezone(timezone.utc).strftime(_TICK_FORMAT)
+
+
+def tick_seed(label: str) -> int | None:
+    """The engine's tick for a draw (its time in epoch seconds); None for the base sweep."""
+    if label == BASE_DRAW:
+        return None
+    try:
+        return int(datetime.strptime(label, _TICK_FORMAT).replace(tzinfo=timezone.utc).timestamp())
+    except ValueError:
+        raise ValueError(f"run tag {TICK_TAG}={label!r}: expected a UTC time like 2026-12-06T03:00Z") from None
 
 
 def candidates_key() -> AssetKey:

@@ -53,8 +53,8 @@ def test_pretrain_plan_prints_every_stage_of_the_recipe(capsys, tmp_path):
     assert "has no training section" in capsys.readouterr().err
 
 
-def test_the_sweep_has_its_schedule_and_the_automation_keeps_it_going():
-    from dagster import AssetKey, AutomationCondition
+def test_the_sweep_has_its_schedule_and_the_sensor_that_keeps_it_going():
+    from dagster import AssetKey
 
     from assets.definitions import build_defs
 
@@ -62,9 +62,12 @@ def test_the_sweep_has_its_schedule_and_the_automation_keeps_it_going():
     defs = build_defs(recipe)
     schedule = defs.resolve_schedule_def("mix_sweep_schedule")
     assert schedule.cron_schedule == "0 3 * * 0" and schedule.default_status.value == "STOPPED"
+    sensor = defs.resolve_sensor_def("mix_sweep_sensor")  # what each tick drives (tests/assets/mixing/test_schedule.py)
+    assert sensor.default_status.value == "STOPPED"
+    assert sorted(job.name for job in sensor.jobs) == ["mix_sweep_job", "mixture_weights_job"]
     graph = defs.resolve_asset_graph()
-    for key in (["mixing", "mix_sweep"], ["mixing", "mixture_weights"]):
-        assert graph.get(AssetKey(key)).automation_condition == AutomationCondition.eager()
+    for key in (["mixing", "mix_sweep"], ["mixing", "mixture_weights"]):  # the sensor, not the automation sensor
+        assert graph.get(AssetKey(key)).automation_condition is None
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,8 @@
-"""assets/mixing/mix_candidates.py: the spec for the demo recipe, and its build and metadata hooks run directly:
-the candidates are the prior then Dirichlet draws, deterministic for a seed, each a mixture of the prior's
-sources summing to 1, named by the digest of its rounded weights, one dynamic partition each."""
+"""assets/mixing/mix_candidates.py: the spec for the demo recipe, and its prepare, build and metadata hooks run
+directly: the base sweep's candidates are the prior then Dirichlet draws, deterministic for a seed, each a mixture
+of the prior's sources summing to 1, named by the digest of its rounded weights, one dynamic partition each; a
+run tagged with a scheduled tick adds that tick's draws to those before it. (The schedule and sensor on a real
+instance: test_schedule.py.)"""
 
 import copy
 import hashlib
@@ -10,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from dagster import AssetKey, DagsterInstance
+from dagster import AssetKey, AssetMaterialization, DagsterInstance, Failure
 
 import assets.mixing.mix_candidates as mix_candidates
 from assets.core.factory import Inputs
@@ -29,12 +31,17 @@ def spec_of(monkeypatch, recipe):
     return mix_candidates.mix_candidates_asset(recipe)
 
 
-def candidates(monkeypatch, tmp_path, recipe) -> dict:
+def drawn(monkeypatch, tmp_path, recipe, draws=("base",)) -> dict:
     spec = spec_of(monkeypatch, recipe)
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
-    assert spec.build(None, out) == {}
-    return json.loads((out / "result.json").read_text())["candidates"]
+    inputs = Inputs(context=None, store=None, outputs={}, extra={"draws": list(draws)})
+    assert spec.build(inputs, out) == {}
+    return json.loads((out / "result.json").read_text())
+
+
+def candidates(monkeypatch, tmp_path, recipe) -> dict:
+    return drawn(monkeypatch, tmp_path, recipe)["candidates"]
 
 
 def test_demo_spec(monkeypatch):
@@ -44,7 +51,7 @@ def test_demo_spec(monkeypatch):
     assert (spec.group, spec.stage) == ("mixing", "mix_candidates")
     assert dict(spec.reads) == {} and list(spec.deps) == []
     assert spec.section == draw_section(recipe)
-    assert spec.code_version == code_version("mix_candidates", "v1", draw_section(recipe))
+    assert spec.code_version == code_version("mix_candidates", spec.code_sha256, draw_section(recipe))
 
 
 def test_candidates_are_the_prior_then_draws_deterministic_for_a_seed(monkeypatch, tmp_path):
@@ -79,10 +86,45 @@ def test_metadata_registers_each_new_candidate_as_a_partition_once(monkeypatch, 
     store = LocalStore(tmp_path / "store")
     manifest = commit_folder(store, "mixing/mix_candidates/v", tmp_path / "out", {})
     instance = DagsterInstance.ephemeral()
-    inputs = Inputs(context=SimpleNamespace(instance=instance, log=logging.getLogger("t")), store=store, outputs={})
+    inputs = Inputs(context=SimpleNamespace(instance=instance, log=logging.getLogger("t")), store=store, outputs={},
+                    extra={"draw": "base"})
     output = Output(spec.key, "mixing/mix_candidates/v", manifest)
     meta = spec.metadata(inputs, output)
     assert meta["new_partitions"] == 4 and meta["candidates"].value == got
     assert sorted(instance.get_dynamic_partitions("mix_candidates")) == sorted(got)
     assert spec.metadata(inputs, output)["new_partitions"] == 0
+    instance.dispose()
+
+
+def test_a_tick_adds_its_own_draws_to_those_before_it(monkeypatch, tmp_path):
+    recipe = load_recipe(DEMO_RECIPE)
+    spec = spec_of(monkeypatch, recipe)
+    store = LocalStore(tmp_path / "store")
+    instance = DagsterInstance.ephemeral()
+
+    def prepare(tags):
+        context = SimpleNamespace(instance=instance, run=SimpleNamespace(tags=tags), log=logging.getLogger("t"))
+        return spec.prepare(Inputs(context=context, store=store, outputs={}))
+
+    # Nothing drawn yet: an untagged run draws the base sweep, a tick's run the base sweep and the tick.
+    assert prepare({}).extra == {"draw": "base", "draws": ["base"]}
+    first = prepare({"pretrain/mix_tick": "2026-12-06T03:00Z"})
+    assert first.extra["draws"] == first.fingerprints == ["2026-12-06T03:00Z", "base"]
+    (tmp_path / "a").mkdir()
+    payload = drawn(monkeypatch, tmp_path / "a", recipe, first.extra["draws"])
+    assert sorted(payload["draws"]) == ["2026-12-06T03:00Z", "base"]
+    base, tick = set(payload["draws"]["base"]), set(payload["draws"]["2026-12-06T03:00Z"])
+    assert len(base) == len(tick) == 4 and not base & tick and set(payload["candidates"]) == base | tick
+    # Committed (as the factory does, with this code version), the next tick adds its draws to those.
+    commit_folder(store, "mixing/mix_candidates/a", tmp_path / "a" / "out", {"code_version": spec.code_version})
+    instance.report_runless_asset_event(AssetMaterialization(spec.key, metadata={"prefix": "mixing/mix_candidates/a"}))
+    assert prepare({"pretrain/mix_tick": "2026-12-13T03:00Z"}).extra["draws"] == [
+        "2026-12-06T03:00Z", "2026-12-13T03:00Z", "base"]
+    assert prepare({"pretrain/mix_tick": "2026-12-06T03:00Z"}).fingerprints == first.fingerprints  # same tick
+    # Drawn with other settings (another code version), the earlier draws are not these settings' candidates.
+    commit_folder(store, "mixing/mix_candidates/b", tmp_path / "a" / "out", {"code_version": "mix_candidates:x:y"})
+    instance.report_runless_asset_event(AssetMaterialization(spec.key, metadata={"prefix": "mixing/mix_candidates/b"}))
+    assert prepare({"pretrain/mix_tick": "2026-12-13T03:00Z"}).extra["draws"] == ["2026-12-13T03:00Z", "base"]
+    with pytest.raises(Failure, match=r"pretrain/mix_tick='next sunday': expected a UTC time like"):
+        prepare({"pretrain/mix_tick": "next sunday"})
     instance.dispose()

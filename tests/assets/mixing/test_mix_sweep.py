@@ -34,8 +34,9 @@ def test_demo_spec(monkeypatch):
     assert list(spec.deps) == [AssetKey(["mixing", "mix_candidates"])] + [
         AssetKey(["tokenization", s, "packed"]) for s in PRIOR] + [AssetKey(["tokenization", "tokenizer"])]
     assert spec.section == mixing_section(recipe)
-    assert spec.code_version == code_version("mix_sweep", "v1", mixing_section(recipe))
+    assert spec.code_version == code_version("mix_sweep", spec.code_sha256, mixing_section(recipe))
     assert spec.asset_args["partitions_def"] == CANDIDATES
+    assert "automation_condition" not in spec.asset_args  # the mixing sensor runs new partitions (test_schedule.py)
     assert spec.asset_args["metadata"]["launch"].value == {"max_restarts": 2}
     assert spec.resources == frozenset({"launcher"}) and spec.out_name == "result"
 

@@ -9,6 +9,7 @@ import yaml
 from dagster import AssetMaterialization, DagsterInstance, materialize
 
 from assets.mixing.mix_candidates import mix_candidates_asset
+from assets.mixing.mix_sweep import mix_sweep_spec
 from assets.mixing.mixture_weights import mixture_weights_asset
 from assets.mixing.section import RESULT_FILE, candidates_key, sweep_key, weights_key
 from assets.recipe import DEMO_RECIPE, load_recipe
@@ -38,7 +39,8 @@ def test_mixture_weights_records_the_sha256_of_its_recipe_section(tmp_path):
         folder = tmp_path / "swept" / name
         folder.mkdir(parents=True)
         (folder / RESULT_FILE).write_text(json.dumps({"mixture": name, "weights": weights, "target_loss": 3.0 + i / 10}))
-        commit_folder(store, f"mixing/mix_sweep/{name}/fake", folder, {"asset": "mixing/mix_sweep"})
+        commit_folder(store, f"mixing/mix_sweep/{name}/fake", folder,
+                      {"asset": "mixing/mix_sweep", "code_version": mix_sweep_spec(recipe).code_version})
         instance.report_runless_asset_event(AssetMaterialization(sweep_key(), partition=name,
                                                                  metadata={"prefix": f"mixing/mix_sweep/{name}/fake"}))
     instance.add_dynamic_partitions("mix_candidates", list(candidates["candidates"]))
@@ -51,5 +53,52 @@ def test_mixture_weights_records_the_sha256_of_its_recipe_section(tmp_path):
     section = {"prior": {"web": 0.5, "code": 0.5}, "candidates": 3, "concentration": 4.0, "seed": 7, "target": "average"}
     digest = hashlib.sha256(json.dumps(section, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     assert manifest["recipe_section_sha256"] == digest
-    assert manifest["code_version"] == f"mixture_weights:v1:{digest[:12]}"
+    assert manifest["code_version"].startswith("mixture_weights:") and manifest["code_version"].endswith(digest[:12])
+    instance.dispose()
+
+
+@pytest.mark.slow  # ~2-10 s: three materializations in an ephemeral instance
+def test_the_fit_leaves_out_runs_not_finished_or_of_another_proxy_and_names_them(tmp_path):
+    raw = yaml.safe_load(DEMO_RECIPE.read_text())
+    raw["base_dir"] = str((DEMO_RECIPE.parent / raw["base_dir"]).resolve())
+    raw["mixing"] = {"prior": {"web": 0.5, "code": 0.5}, "candidates": 5, "concentration": 4.0,
+                     "target": "average", "proxy": {"train_tokens": 4096}}
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    recipe = load_recipe(path)
+    instance = DagsterInstance.ephemeral()
+    resources = {"store": StoreResource(url=str(tmp_path / "store")), "scratch": ScratchResource(root=str(tmp_path / "work"))}
+    store = LocalStore(tmp_path / "store")
+    assert materialize([mix_candidates_asset(recipe)], resources=resources, instance=instance).success
+    [event] = instance.fetch_materializations(candidates_key(), limit=1).records
+    candidates = json.loads(store.get_bytes(f"{event.asset_materialization.metadata['prefix'].value}/{RESULT_FILE}"))
+    names = sorted(candidates["candidates"])
+
+    def record(name, code_version, loss):
+        folder = tmp_path / "swept" / name
+        folder.mkdir(parents=True)
+        weights = candidates["candidates"][name]
+        (folder / RESULT_FILE).write_text(json.dumps({"mixture": name, "weights": weights, "target_loss": loss}))
+        commit_folder(store, f"mixing/mix_sweep/{name}/r", folder, {"code_version": code_version})
+        instance.report_runless_asset_event(AssetMaterialization(sweep_key(), partition=name,
+                                                                 metadata={"prefix": f"mixing/mix_sweep/{name}/r"}))
+
+    current = mix_sweep_spec(recipe).code_version
+    record(names[0], current, 3.0)
+    record(names[1], "mix_sweep:older-proxy:0", 9.0)  # a run of another proxy: not comparable
+    assert not materialize([mixture_weights_asset(recipe)], resources=resources, instance=instance,
+                           raise_on_error=False).success  # one comparable run: nothing to fit
+    record(names[2], current, 3.5)
+    record(names[3], current, 3.2)
+    result = materialize([mixture_weights_asset(recipe)], resources=resources, instance=instance)
+    assert result.success
+    [event] = instance.fetch_materializations(weights_key(), limit=1).records
+    meta = {k: v.value for k, v in event.asset_materialization.metadata.items()}
+    assert set(meta["swept"]) == {names[0], names[2], names[3]} and meta["fit_runs"] == 3
+    assert meta["pending"] == [names[4], names[1]]  # one not run yet, and another proxy's run
+    assert meta["runs_per_draw"] == {"base": 3}
+    # 3 runs over 2 sources: fewer than the quadratic model's 6 features, enough for the linear model's 2.
+    assert (meta["fit_model"], meta["fit_features"]) == ("linear", 2) and "still fewer" not in meta["fit_warning"]
+    warnings = [e.message for e in instance.all_logs(result.run_id) if e.level == 30]  # logging.WARNING
+    assert any(f"left out: not run yet ['{names[4]}'], run with another proxy ['{names[1]}']" in m for m in warnings)
     instance.dispose()
