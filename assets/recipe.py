@@ -131,12 +131,13 @@ class Recipe(BaseModel):
 
     @field_validator("training")
     @classmethod
-    def _anneal_names_sources(cls, training, info):
+    def _stage_weights_name_sources(cls, training, info):
         sources = {s.name for s in info.data.get("sources") or []}
-        weights = training.anneal.weights if training is not None and training.anneal is not None else None
-        unknown = sorted(set(weights or {}) - sources)
-        if unknown:
-            raise ValueError(f"anneal.weights names sources {unknown} that the recipe does not have ({sorted(sources)})")
+        for where, stage in training.later() if training is not None else []:
+            unknown = sorted(set(stage.weights or {}) - sources)
+            if unknown:
+                raise ValueError(f"{where}.weights names sources {unknown} that the recipe does not have "
+                                 f"({sorted(sources)})")
         return training
 
     @property

@@ -1,21 +1,29 @@
-"""The recipe's training sections: the mix sweep, the main run, long-context stages and the anneal.
+"""The recipe's training sections: the mix sweep, the main run and the stages after it.
 
 A stage's settings are the trainer's own run-config fields (trainer.config.RunConfig: model, optim,
 schedule, batch, deepspeed, guard, metrics, checkpoint, train_tokens, seed). The main stage gives
-them whole; every later stage gives only what it changes, merged over the stage before it, so a
-long-context stage reads like what it is:
+them whole; every later stage gives only what it changes, merged over the stage it starts from, so a
+stage reads like what it is. The later stages are one list, in order; each starts from an earlier one:
+`continue_from: <stage>` continues that run (weights, optimizer state, step and token count; the LR
+schedule goes on, trainer.optim.lr_at), `init_from: <stage>` takes its weights only (a fresh optimizer and
+schedule). Neither: init_from the stage before. A WSD run (README, Training stages):
 
     training:
-      main: {train_tokens: 2000000, model: {d_model: 128, ...}, batch: {seq_len: 128, ...}}
-      long_context:
-        - {name: long_512, train_tokens: 200000, batch: {seq_len: 512}, model: {rope_base: 100000},
+      main: {train_tokens: 2000000, schedule: {kind: wsd, warmup_tokens: 20000, decay_fraction: 0.0}, ...}
+      stages:
+        - {name: mid_quality, continue_from: main, train_tokens: 400000, weights: {books: 0.5, web: 0.5}}
+        - {name: long_512, continue_from: mid_quality, train_tokens: 200000, batch: {seq_len: 512},
+           model: {rope_base: 100000}, optim: {lr: 3.0e-4}, schedule: {kind: constant, warmup_tokens: 8192},
            min_doc_tokens: 256}
-      anneal: {train_tokens: 200000, schedule: {kind: wsd, decay_fraction: 1.0}, weights: {books: 0.6, ...}}
+        - {name: anneal, continue_from: mid_quality, train_tokens: 200000, weights: {books: 0.6, ...},
+           schedule: {warmup_tokens: 0, decay_fraction: 1.0, min_lr_ratio: 0.0}}
     mixing: {prior: {web: 0.5, ...}, candidates: 8, proxy: {train_tokens: 200000, model: {n_layers: 1}}}
 
-Each stage is validated at recipe load exactly as the trainer will validate it (from_dict on the
-merged config), so an error names the stage and the field: `training.long_context[0] (long_512).
-batch.seq_len: ...`. Stages are configs, never `if stage == ...` branches (DESIGN.md).
+The older shape still loads: `long_context: [<stage>, ...]` then `anneal: <stage>` (named anneal) are that
+list; a recipe gives one shape or the other. Each stage is validated at recipe load exactly as the trainer
+will validate it (from_dict on the merged config), so an error names the stage and the field:
+`training.long_context[0] (long_512).batch.seq_len: ...`. Stages are configs, never `if stage == ...`
+branches (DESIGN.md).
 
 A stage may also say how its trainer is started, over the launcher resource's defaults (which come from
 the environment: PRETRAIN_LAUNCHER, PRETRAIN_NPROC_PER_NODE), and later stages inherit it like any field:
@@ -130,60 +138,101 @@ def check_stage(where: str, settings: dict) -> RunConfig:
         raise ValueError(f"{where}.{exc}") from None
 
 
-class LongContextStage(BaseModel):
+STAGE_NAME = r"[a-z][a-z0-9_]*"
+
+
+class Stage(BaseModel):
+    """A stage after main: where it starts, its data; any other key is a run-config field it changes."""
+
     model_config = ConfigDict(extra="allow", frozen=True)
 
     name: str
+    continue_from: str | None = Field(None, description="An earlier stage whose run this one continues")
+    init_from: str | None = Field(None, description="An earlier stage whose weights (only) start this one")
+    weights: dict[str, float] | None = Field(None, description="Its own mixture (None: the chosen one)")
     min_doc_tokens: int = Field(0, ge=0, description="Only documents at least this long (the per-source length filter)")
 
     @field_validator("name")
     @classmethod
     def _key_safe(cls, name: str) -> str:
-        if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
-            raise ValueError(f"stage name {name!r} must match [a-z][a-z0-9_]* (it becomes an asset key)")
+        if not re.fullmatch(STAGE_NAME, name):
+            raise ValueError(f"stage name {name!r} must match {STAGE_NAME} (it becomes an asset key)")
         return name
 
-    def settings(self) -> dict:
-        return dict(self.model_extra or {})
-
-
-class AnnealStage(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    weights: dict[str, float] | None = Field(None, description="The high-quality mixture (None: the chosen one)")
+    @model_validator(mode="after")
+    def _one_start(self):
+        if self.continue_from and self.init_from:
+            raise ValueError(f"stage {self.name}: give continue_from or init_from, not both")
+        return self
 
     def settings(self) -> dict:
         return dict(self.model_extra or {})
+
+    def start(self, before: str) -> tuple[str, str]:
+        """(continue_from or init_from, the stage it starts from); `before` is the stage before it."""
+        return ("continue_from", self.continue_from) if self.continue_from else ("init_from", self.init_from or before)
+
+
+class AnnealStage(Stage):
+    name: str = "anneal"
 
 
 class TrainingSection(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     main: dict[str, Any]
-    long_context: list[LongContextStage] = []
+    stages: list[Stage] = []
+    long_context: list[Stage] = []  # the older shape: long_context then anneal are `stages`
     anneal: AnnealStage | None = None
 
     @model_validator(mode="after")
     def _validate_every_stage(self):
+        if self.stages and (self.long_context or self.anneal is not None):
+            raise ValueError("give the stages after main as one list (training.stages) or as training.long_context "
+                             "and training.anneal, not both")
+        if self.anneal is not None and self.anneal.name != "anneal":
+            raise ValueError(f"training.anneal.name: the anneal stage is named anneal, got {self.anneal.name!r} "
+                             "(name other stages in training.stages)")
+        names = ["main"]
+        for where, stage in self.later():
+            if stage.name in names:
+                raise ValueError(f"{where}.name: {stage.name!r} is taken (stage names are unique, main included)")
+            field, parent = stage.start(names[-1])
+            if parent not in names:
+                raise ValueError(f"{where}.{field}: {parent!r} is not an earlier stage ({', '.join(names)})")
+            names.append(stage.name)
         self.stage_settings()  # raises ValueError naming the stage and field
-        names = [s.name for s in self.long_context]
-        if len(set(names)) != len(names) or {"main", "anneal"} & set(names):
-            raise ValueError(f"long_context stage names must be unique and not 'main' or 'anneal', got {names}")
         return self
 
+    def later(self) -> list[tuple[str, Stage]]:
+        """[(where in the recipe, stage)] after main, in training order."""
+        if self.stages:
+            return [(f"training.stages[{i}] ({s.name})", s) for i, s in enumerate(self.stages)]
+        return [*((f"training.long_context[{i}] ({s.name})", s) for i, s in enumerate(self.long_context)),
+                *([("training.anneal", self.anneal)] if self.anneal is not None else [])]
+
+    def starts(self) -> dict[str, tuple[str, str]]:
+        """{stage: (continue_from or init_from, the stage it starts from)} for every stage after main."""
+        names, out = ["main"], {}
+        for _, stage in self.later():
+            out[stage.name] = stage.start(names[-1])
+            names.append(stage.name)
+        return out
+
+    def stage(self, name: str) -> Stage | None:
+        """The later stage of that name (None: main)."""
+        return next((s for _, s in self.later() if s.name == name), None)
+
     def stage_settings(self) -> list[tuple[str, dict]]:
-        """[(stage name, merged RunConfig fields)] in training order: main, long-context stages, anneal."""
-        stages = [("main", dict(self.main))]
-        check_stage("training.main", stages[0][1])
-        for i, stage in enumerate(self.long_context):
-            merged = merge(stages[-1][1], stage.settings())
-            check_stage(f"training.long_context[{i}] ({stage.name})", merged)
-            stages.append((stage.name, merged))
-        if self.anneal is not None:
-            merged = merge(stages[-1][1], self.anneal.settings())
-            check_stage("training.anneal", merged)
-            stages.append(("anneal", merged))
-        return stages
+        """[(stage name, merged RunConfig fields)] in training order: main, then each later stage merged over
+        the stage it starts from."""
+        merged = {"main": dict(self.main)}
+        check_stage("training.main", merged["main"])
+        starts = self.starts()
+        for where, stage in self.later():
+            merged[stage.name] = merge(merged[starts[stage.name][1]], stage.settings())
+            check_stage(where, merged[stage.name])
+        return list(merged.items())
 
     def run_configs(self) -> list[tuple[str, RunConfig]]:
         return [(name, check_stage(name, settings)) for name, settings in self.stage_settings()]

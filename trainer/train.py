@@ -248,8 +248,7 @@ class Trainer:
                 **{cb.name: cb for cb in self.callbacks if hasattr(cb, "state_dict")}}
 
     @property
-    def end_tokens(self) -> int:
-        """Where this stage ends on the run's cumulative token count."""
+    def end_tokens(self) -> int:  # where this stage ends on the run's cumulative token count
         return self.state.start_tokens + self.cfg.train_tokens
 
     def at_end(self) -> bool:
@@ -381,7 +380,8 @@ class Trainer:
             raise
         finally:
             self.close(ok=ok)
-        summary = {"steps": st.step, "tokens": st.tokens, "sample_index": st.sample_index, "val_loss": self.val_loss,
+        summary = {"steps": st.step, "tokens": st.tokens, "start_tokens": st.start_tokens,
+                   "sample_index": st.sample_index, "val_loss": self.val_loss,
                    "skipped": self.guard.skipped, "losses": [h["loss"] for h in self.history]}
         if self.dist.rank == 0:
             Path(cfg.output_dir, "summary.json").write_text(json.dumps(summary, indent=1))

@@ -2,9 +2,10 @@
 
 training/main: the main stage on the chosen mixture (mixing/mixture_weights; the prior when the recipe
     has no mixing section), from scratch.
-training/<long-context stage>: each starts from the previous stage's final checkpoint (weights only:
-    a fresh optimizer and schedule), with its own sequence length and RoPE base.
-training/anneal: from the last stage, the LR decays to ~0 on the recipe's high-quality mixture.
+training/<later stage>: each starts from an earlier stage's final checkpoint (assets/stages.py): continue_from
+    continues that run (weights, optimizer state, step and token count: a long-context stage at its own low
+    LR, an anneal decaying the WSD schedule from the branch point on its own mixture), init_from takes its
+    weights only (a fresh optimizer and schedule). Its own mixture, sequence length, RoPE base, length filter.
 
 Every stage runs through the launcher resource (Dagster Pipes) and checkpoints to the object store
 under checkpoints/<stage>/<version key>/: the version key is fixed by the stage's settings and inputs,
@@ -44,34 +45,35 @@ def stage_key(name: str) -> AssetKey:
 def training_assets(recipe: Recipe) -> list:
     if recipe.training is None:
         return []
-    stages = recipe.training.stage_settings()
-    min_doc = {stage.name: stage.min_doc_tokens for stage in recipe.training.long_context}
-    assets, previous = [], None
-    for name, settings in stages:
-        assets.append(_stage_asset(recipe, name, settings, previous, min_doc.get(name, 0)))
-        previous = name
-    return assets
+    starts = recipe.training.starts()  # {stage: (continue_from or init_from, the stage it starts from)}
+    return [_stage_asset(recipe, name, settings, starts.get(name))
+            for name, settings in recipe.training.stage_settings()]
 
 
 def _stage_weights(recipe: Recipe, name: str) -> tuple[dict[str, float] | None, bool]:
     """(fixed weights, or None to read mixing/mixture_weights; whether the stage depends on the mixture)."""
-    if name == "anneal" and recipe.training.anneal.weights:
-        return dict(recipe.training.anneal.weights), False
+    stage = recipe.training.stage(name)
+    if stage is not None and stage.weights:
+        return dict(stage.weights), False
     if recipe.mixing is not None:
         return None, True
     return {s.name: 1.0 for s in recipe.sources}, False
 
 
-def _stage_asset(recipe: Recipe, name: str, settings: dict, previous: str | None, min_doc_tokens: int):
+def _stage_asset(recipe: Recipe, name: str, settings: dict, start_from: tuple[str, str] | None):
     settings, launch = split_launch(f"training.{name}", settings)  # the trainer's fields; how it is started
     fixed, uses_mixture = _stage_weights(recipe, name)
+    min_doc_tokens = getattr(recipe.training.stage(name), "min_doc_tokens", 0)
+    how_start, previous = start_from or (None, None)  # continue_from / init_from, and the stage it starts from
     sources = sorted(fixed) if fixed is not None else sorted(recipe.mixing.prior)
     deps = packed_keys(sources) + ([weights_key()] if uses_mixture else []) + ([stage_key(previous)] if previous else [])
-    start = f"from the final checkpoint of training/{previous}" if previous else "from scratch"
+    start = ("from scratch" if previous is None else
+             f"continuing the run of training/{previous} (weights, optimizer state, step, tokens; its schedule goes on)"
+             if how_start == "continue_from" else f"from the weights of training/{previous} (a fresh optimizer)")
     if min_doc_tokens:
         start += f", on documents of {min_doc_tokens} tokens or more"
     how = ", ".join(f"{k} {v}" for k, v in launch.overrides().items())
-    mixture = ("the anneal mixture of the recipe" if fixed is not None and name == "anneal" else
+    mixture = (f"its own mixture {fixed}" if fixed is not None and recipe.training.stage(name) is not None else
                "the chosen mixture (mixing/mixture_weights)" if uses_mixture else "equal weights over every source")
 
     batch = settings.get("batch", {})
@@ -95,16 +97,16 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, previous: str | None
             weights = json.loads(store.get_bytes(f"{chosen.prefix}/{RESULT_FILE}"))["weights"]
             upstream[weights_key().to_user_string()] = chosen.data_version
             lineage.insert(0, record_of(chosen))
-        init_from = None
+        begin = {"init_from": None}  # the run config's init_from / continue_from: the previous stage's final step
         if previous is not None:
             before = inputs.read(stage_key(previous))
-            init_from = before.manifest["checkpoint"]["uri"]
+            begin = {"init_from": None, how_start: before.manifest["checkpoint"]["uri"]}
             upstream[stage_key(previous).to_user_string()] = before.data_version
             lineage = [record_of(before), *[r for r in before.manifest.get("lineage", []) if r not in lineage], *lineage]
         # A run with Launchpad overrides is another output (and another checkpoint run) than the recipe's.
         return inputs.but(upstream=upstream, fingerprints=[json.dumps(overrides, sort_keys=True)] if overrides else None,
                           manifest={"lineage": lineage, "weights": weights},
-                          extra={"settings": run_settings, "found": found, "init_from": init_from})
+                          extra={"settings": run_settings, "found": found, "begin": begin})
 
     def build(inputs: Inputs, out: Path) -> dict:
         context, work, vkey, found = inputs.context, inputs.work, inputs.version_key, inputs.extra["found"]
@@ -115,7 +117,7 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, previous: str | None
                "checkpoint": {**run_settings.get("checkpoint", {}), "remote": inputs.resources.store.url,
                               "run_name": vkey, "local_dir": str(work / "checkpoints")},
                "tokenizer_sha256": found.tokenizer_sha256, "lineage": inputs.manifest["lineage"],
-               "init_from": inputs.extra["init_from"]}
+               **inputs.extra["begin"]}
         if context.retry_number:
             context.log.info(f"retry {context.retry_number}: the trainer resumes from its latest checkpoint")
         result = inputs.resources.launcher.launch(context, run, work, settings=launch.overrides())
@@ -123,7 +125,8 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, previous: str | None
         if not saved:
             # Killed after its final checkpoint was committed but before this asset was: the retry resumed at
             # the end, trained nothing and saved nothing; the step it resumed from is the final one.
-            done = json.loads((work / "out" / SUMMARY_FILE).read_text())["tokens"] >= run["train_tokens"]
+            summary = json.loads((work / "out" / SUMMARY_FILE).read_text())  # tokens count on from a continued run
+            done = summary["tokens"] >= summary.get("start_tokens", 0) + run["train_tokens"]
             saved = [r["step"] for r in result.events("resumed")] if done else []
         if not saved:
             raise Failure(description=f"training/{name} finished without a final checkpoint "
@@ -169,7 +172,8 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, previous: str | None
 
     return output_asset(OutputSpec(
         key=stage_key(name), group="training", stage=f"training-{name}", implementation=TRAINING_IMPLEMENTATION,
-        section={"stage": name, "settings": settings, "weights": fixed, "min_doc_tokens": min_doc_tokens},
+        section={"stage": name, "settings": settings, "weights": fixed, "min_doc_tokens": min_doc_tokens,
+                 **({how_start: previous} if previous else {})},
         description=(f"Training stage `{name}` ({settings['train_tokens']:,} tokens, seq "
                      f"{settings.get('batch', {}).get('seq_len', '?')}), {start}, on {mixture}. DeepSpeed through the "
                      f"launcher resource{f' ({how})' if how else ''}; checkpoints to the object store, and a "

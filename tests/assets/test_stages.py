@@ -1,25 +1,64 @@
 """The recipe's training and mixing sections: stages merge over the one before and validate as the trainer does."""
 
 import pytest
+from dagster import AssetKey
 
 from assets.cli import main
 from assets.recipe import DEMO_RECIPE, RecipeError, load_recipe
 from tests.assets.test_recipe import write_recipe
 
 
-def test_demo_stages_merge_over_the_stage_before():
+def test_demo_stages_merge_over_the_stage_they_start_from():
     recipe = load_recipe(DEMO_RECIPE)
     stages = dict(recipe.training.run_configs())
     assert list(stages) == ["main", "long_512", "anneal"]
     main_cfg, long_cfg, anneal = stages["main"], stages["long_512"], stages["anneal"]
-    # The long-context stage changes only what it says: sequence length, RoPE base, batch and schedule.
+    # Both continue main's run: the long-context stage at a low LR after its own short warmup, the anneal as
+    # the decay of main's WSD schedule (main is its warmup and stable phase: no decay of its own).
+    assert recipe.training.starts() == {"long_512": ("continue_from", "main"), "anneal": ("continue_from", "main")}
+    assert (main_cfg.schedule.kind, main_cfg.schedule.decay_fraction) == ("wsd", 0.0)
+    # The long-context stage changes only what it says: sequence length, RoPE base, batch, LR and schedule.
     assert (long_cfg.batch.seq_len, long_cfg.model.rope_base) == (512, 100000.0)
-    assert long_cfg.model.d_model == main_cfg.model.d_model and long_cfg.optim == main_cfg.optim
+    assert long_cfg.model.d_model == main_cfg.model.d_model and (main_cfg.optim.lr, long_cfg.optim.lr) == (3.0e-3, 3.0e-4)
+    assert long_cfg.optim.betas == main_cfg.optim.betas and long_cfg.schedule.warmup_tokens == 8192
     assert main_cfg.batch.ramp_start == 8 and long_cfg.batch.ramp_start is None
-    # The anneal starts from the long-context stage and decays the LR to zero over all of it.
-    assert anneal.batch.seq_len == 512 and anneal.schedule.decay_fraction == 1.0 and anneal.schedule.min_lr_ratio == 0
+    # The anneal merges over main (not over the long-context stage before it in the list) and decays to zero.
+    assert anneal.batch == main_cfg.batch and anneal.model == main_cfg.model and anneal.optim == main_cfg.optim
+    assert (anneal.schedule.kind, anneal.schedule.warmup_tokens, anneal.schedule.decay_fraction,
+            anneal.schedule.min_lr_ratio) == ("wsd", 0, 1.0, 0)
     assert recipe.training.anneal.weights == {"books": 0.4, "math": 0.3, "code": 0.3}
     assert recipe.mixing.engine_config().candidates == 4
+
+
+def test_stages_as_one_list_with_a_mid_training_stage(tmp_path):
+    def mid_training(raw):
+        training = raw["training"]
+        long, anneal = training.pop("long_context")[0], training.pop("anneal")
+        training["stages"] = [
+            {"name": "mid_quality", "continue_from": "main", "train_tokens": 32768,
+             "weights": {"books": 0.3, "math": 0.2, "code": 0.2, "web": 0.3}},
+            {**long, "continue_from": "mid_quality"},
+            {**anneal, "name": "anneal", "continue_from": "mid_quality"},
+            {"name": "sft_like", "init_from": "anneal", "train_tokens": 4096, "optim": {"lr": 1.0e-4}},
+        ]
+
+    recipe = load_recipe(write_recipe(tmp_path, mid_training))
+    stages = dict(recipe.training.run_configs())
+    assert list(stages) == ["main", "mid_quality", "long_512", "anneal", "sft_like"]
+    assert recipe.training.starts() == {"mid_quality": ("continue_from", "main"),
+                                        "long_512": ("continue_from", "mid_quality"),
+                                        "anneal": ("continue_from", "mid_quality"),
+                                        "sft_like": ("init_from", "anneal")}
+    assert stages["sft_like"].schedule.decay_fraction == 1.0 and stages["sft_like"].optim.lr == 1.0e-4
+    assert recipe.training.stage("mid_quality").weights["web"] == 0.3
+
+    from assets.definitions import build_defs
+
+    graph = build_defs(recipe).resolve_asset_graph()
+    parents = {name: {k.to_user_string() for k in graph.get(AssetKey(["training", name])).parent_keys
+                      if k.path[0] == "training"} for name in stages}
+    assert parents == {"main": set(), "mid_quality": {"training/main"}, "long_512": {"training/mid_quality"},
+                       "anneal": {"training/mid_quality"}, "sft_like": {"training/anneal"}}
 
 
 @pytest.mark.parametrize(
@@ -33,7 +72,15 @@ def test_demo_stages_merge_over_the_stage_before():
          "training.anneal.learning_rate: not a stage field"),
         (lambda raw: raw["mixing"]["prior"].update(wiki=0.1), "prior names sources ['wiki']"),
         (lambda raw: raw["mixing"].update(target="wiki"), "target must be 'average' or one of"),
-        (lambda raw: raw["training"]["anneal"]["weights"].update(wiki=1.0), "anneal.weights names sources ['wiki']"),
+        (lambda raw: raw["training"]["anneal"]["weights"].update(wiki=1.0),
+         "training.anneal.weights names sources ['wiki']"),
+        (lambda raw: raw["training"]["anneal"].update(continue_from="long_1k"),
+         "training.anneal.continue_from: 'long_1k' is not an earlier stage (main, long_512)"),
+        (lambda raw: raw["training"]["anneal"].update(init_from="main"), "stage anneal: give continue_from or init_from"),
+        (lambda raw: raw["training"].update(stages=[{"name": "mid", "train_tokens": 1}]),
+         "give the stages after main as one list (training.stages) or as training.long_context and training.anneal"),
+        (lambda raw: raw["training"]["long_context"][0].update(name="main"),
+         "training.long_context[0] (main).name: 'main' is taken"),
     ],
 )
 def test_a_bad_stage_names_the_stage_and_field(tmp_path, mutate, expected):

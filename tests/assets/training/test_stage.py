@@ -39,14 +39,18 @@ def test_demo_specs(monkeypatch):
     weights = AssetKey(["mixing", "mixture_weights"])
     assert list(main.deps) == packed_deps(PRIOR) + [weights]
     assert list(long.deps) == packed_deps(PRIOR) + [weights, AssetKey(["training", "main"])]
-    assert list(anneal.deps) == packed_deps(["books", "code", "math"]) + [AssetKey(["training", "long_512"])]
+    # The anneal branches off main (continue_from: main), on its own mixture.
+    assert list(anneal.deps) == packed_deps(["books", "code", "math"]) + [AssetKey(["training", "main"])]
     assert all(dict(s.reads) == {} for s in (main, long, anneal))
     assert main.section["weights"] is None and long.section["weights"] is None
     assert anneal.section["weights"] == {"books": 0.4, "math": 0.3, "code": 0.3}
     assert [s.section["min_doc_tokens"] for s in (main, long, anneal)] == [0, 256, 0]
     assert all("launch" not in s.section["settings"] for s in (main, long, anneal))  # how it starts is not versioned
     assert main.section["settings"]["batch"]["seq_len"] == 128 and long.section["settings"]["batch"]["seq_len"] == 512
-    assert anneal.section["settings"]["batch"]["seq_len"] == 512  # merged over the stage before
+    assert anneal.section["settings"]["batch"]["seq_len"] == 128  # merged over main, the stage it continues
+    # Where a stage starts is part of what it is (its code version): continue_from main, for both.
+    assert "continue_from" not in main.section
+    assert long.section["continue_from"] == anneal.section["continue_from"] == "main"
     assert main.code_version == code_version("training-main", "v1", main.section)
     assert main.resources == frozenset({"launcher"}) and main.out_name == "result"
     schema = main.asset_args["config_schema"]
@@ -99,7 +103,7 @@ def run_stage(spec, context, store):
     return inputs, manifest
 
 
-def test_the_run_configs_chain_main_long_512_anneal(monkeypatch, tmp_path):
+def test_the_run_configs_continue_main_in_long_512_and_anneal(monkeypatch, tmp_path):
     recipe = load_recipe(DEMO_RECIPE)
     instance = DagsterInstance.ephemeral()
     store = LocalStore(tmp_path / "store")
@@ -133,7 +137,9 @@ def test_the_run_configs_chain_main_long_512_anneal(monkeypatch, tmp_path):
 
     long_inputs, long_manifest = run_stage(long, context, store)
     run = launcher.runs[-1][0]
-    assert run["stage"] == "long_512" and run["init_from"] == main_manifest["checkpoint"]["uri"]
+    # It continues main's run (weights, optimizer state, step, tokens) at its own low LR.
+    assert run["stage"] == "long_512" and run["continue_from"] == main_manifest["checkpoint"]["uri"]
+    assert run["init_from"] is None and run["optim"]["lr"] == 3.0e-4 and run["schedule"]["warmup_tokens"] == 8192
     assert run["batch"]["seq_len"] == 512 and run["model"]["rope_base"] == 100000.0
     assert run["data"]["min_doc_tokens"] == 256 and run["data"]["weights"] == chosen
     assert long_inputs.upstream["training/main"] == main_manifest["data_version"]
@@ -145,11 +151,14 @@ def test_the_run_configs_chain_main_long_512_anneal(monkeypatch, tmp_path):
 
     _, anneal_manifest = run_stage(anneal, context, store)
     run = launcher.runs[-1][0]
-    assert run["stage"] == "anneal" and run["init_from"] == long_manifest["checkpoint"]["uri"]
+    # WSD's decay: it branches off main's final (stable-phase) checkpoint, not off the long-context stage.
+    assert run["stage"] == "anneal" and run["continue_from"] == main_manifest["checkpoint"]["uri"]
+    assert run["init_from"] is None and run["batch"]["seq_len"] == 128
     assert run["data"]["weights"] == {"books": 0.4, "math": 0.3, "code": 0.3}
     assert set(run["data"]["shards"]) == {"books", "code", "math"}
     assert run["schedule"]["decay_fraction"] == 1.0 and run["data"]["min_doc_tokens"] == 0
-    assert [r["asset"] for r in run["lineage"][:2]] == ["training/long_512", "training/main"]
+    assert [r["asset"] for r in run["lineage"][:2]] == ["training/main", "mixing/mixture_weights"]
+    assert "training/long_512" not in [r["asset"] for r in run["lineage"]]
     assert "mixing/mixture_weights" in [r["asset"] for r in run["lineage"]]  # through main, though anneal reads none
     assert len({(r["asset"], r["data_version"]) for r in run["lineage"]}) == len(run["lineage"])
     assert anneal_manifest["checkpoint"]["prefix"].startswith("checkpoints/anneal/")
