@@ -1,4 +1,6 @@
-"""Export the trainer's model as a Hugging Face Llama model: config.json, model.safetensors, tokenizer.json.
+"""Export the trainer's model as a Hugging Face Llama model: config.json, generation_config.json,
+model.safetensors and, with a tokenizer, tokenizer.json, tokenizer_config.json and special_tokens_map.json, so
+`AutoModelForCausalLM` and `AutoTokenizer` (and lm-evaluation-harness) load it with no extra arguments.
 
     export_hf_llama(state_dict, model_cfg, out_dir, tokenizer="tokenizer.json", seq_len=2048)
 
@@ -6,6 +8,8 @@ The architecture is Llama's, so the mapping is one name per tensor: RoPE uses th
 layout (trainer/model.py apply_rope), SwiGLU is gate (w1) / up (w3) / down (w2), no biases, untied
 head. What Llama cannot express is refused rather than exported wrongly: QK-norm (Llama has none)
 and document-restarted positions do not matter for a single sequence, which is how HF runs it.
+The special tokens come from the tokenizer: its EOS (the pipeline's "<|endoftext|>", or the names other
+tokenizers use) is also BOS, since documents are separated by EOS only, and the model's "<|pad|>" (else EOS) pads.
 The file needs only torch and safetensors; transformers is used by the test that loads the result.
 """
 
@@ -82,8 +86,39 @@ def export_hf_llama(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_d
     out.mkdir(parents=True, exist_ok=True)
     tensors = hf_llama_state_dict(state_dict, cfg)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    if tokenizer is not None:
+        eos_token, pad_token, eos_id, pad_id = special_tokens(tokenizer, vocab_size=cfg.vocab_size)
+        shutil.copyfile(tokenizer, out / "tokenizer.json")
+        (out / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": seq_len,
+            "bos_token": eos_token, "eos_token": eos_token, "pad_token": pad_token,
+            "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False,
+        }, indent=2) + "\n")
+        (out / "special_tokens_map.json").write_text(json.dumps(
+            {"bos_token": eos_token, "eos_token": eos_token, "pad_token": pad_token}, indent=2) + "\n")
     config = hf_llama_config(cfg, seq_len=seq_len, eos_id=eos_id, pad_id=pad_id)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    if tokenizer is not None:
-        shutil.copyfile(tokenizer, out / "tokenizer.json")
+    generation = {"bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": pad_id}
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     return out
+
+
+PAD_NAMES = ("<|pad|>", "<pad>", "[PAD]")
+
+
+def special_tokens(tokenizer: str | Path, *, vocab_size: int) -> tuple[str, str, int, int]:
+    """(EOS string, PAD string, EOS id, PAD id) of a tokenizer.json; PAD is EOS when it has none. A tokenizer with
+    more ids than the model's vocabulary is refused: the model could not embed its tokens."""
+    from tokenizers import Tokenizer
+
+    from trainer.text_source import EOS_NAMES
+
+    tok = Tokenizer.from_file(str(tokenizer))
+    if tok.get_vocab_size() > vocab_size:
+        raise ExportError(f"{tokenizer}: its vocabulary ({tok.get_vocab_size():,} ids) is larger than the model's "
+                          f"(model.vocab_size {vocab_size:,}): not the tokenizer this model was trained with")
+    eos = next((name for name in EOS_NAMES if tok.token_to_id(name) is not None), None)
+    if eos is None:
+        raise ExportError(f"{tokenizer}: no EOS token among {EOS_NAMES}")
+    pad = next((name for name in PAD_NAMES if tok.token_to_id(name) is not None), eos)
+    return eos, pad, tok.token_to_id(eos), tok.token_to_id(pad)

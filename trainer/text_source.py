@@ -38,16 +38,16 @@ class TextSourceConfig:
             raise ValueError(f"top_tokens must be >= 2, got {self.top_tokens}")
 
 
-_EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "[SEP]")
+EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "[SEP]")  # the EOS of a tokenizer, by the names in use
 
 
 def _tokenize(path: str, tokenizer_path: str) -> tuple[np.ndarray, int, int]:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(tokenizer_path)
-    eos = next((tok.token_to_id(n) for n in _EOS_NAMES if tok.token_to_id(n) is not None), None)
+    eos = next((tok.token_to_id(n) for n in EOS_NAMES if tok.token_to_id(n) is not None), None)
     if eos is None:
-        raise ValueError(f"{tokenizer_path}: no EOS token among {_EOS_NAMES}")
+        raise ValueError(f"{tokenizer_path}: no EOS token among {EOS_NAMES}")
     docs = [d.strip() for d in Path(path).read_text(encoding="utf-8").split("\n\n") if d.strip()]
     if not docs:
         raise ValueError(f"{path}: no documents (paragraphs separated by blank lines)")
