@@ -222,8 +222,9 @@ class MetricsConfig(_Config):
     # Zero-shot tasks (trainer.evaluate) every downstream_interval steps and at the end (0 = off), downstream_limit
     # items each, from the benchmark folder downstream_benchmarks with data.tokenizer (a training asset gives both).
     downstream_interval: int = Field(0, ge=0)
-    downstream_tasks: list[Literal["lambada", "hellaswag", "arc_easy", "arc_challenge", "piqa"]] = ["lambada", "piqa"]
-    downstream_limit: int = Field(20, ge=1)
+    downstream_tasks: list[Literal["lambada", "hellaswag", "arc_easy", "arc_challenge", "piqa"]] = [
+        "lambada", "hellaswag", "arc_easy", "piqa"]
+    downstream_limit: int = Field(50, ge=1)
     downstream_benchmarks: str | None = None
 
     def _check(self) -> None:
