@@ -12,7 +12,7 @@ export HF_HUB_OFFLINE := 1
 export DS_ACCELERATOR := cpu
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.pretrain/torch_extensions
 
-.PHONY: demo test test-fast ui bench install clean system-deps
+.PHONY: demo test test-fast ui tensorboard bench install clean system-deps
 
 install: $(STAMP)
 
@@ -59,6 +59,11 @@ test-fast: $(STAMP)
 ui: $(STAMP)
 	$(BIN)/python -c "from assets.home import ensure_dagster_home; ensure_dagster_home()"
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+# TensorBoard over every training run of this PRETRAIN_HOME (each stage's run folder, written while it trains):
+# http://127.0.0.1:6006, one run per stage and version ("main/<version key>/out/tensorboard").
+tensorboard: $(STAMP)
+	$(BIN)/tensorboard --logdir $(PRETRAIN_HOME)/work/training --host 127.0.0.1 --port 6006
 
 bench: $(STAMP)
 	for script in bench/*.py; do \
