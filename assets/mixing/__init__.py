@@ -20,7 +20,6 @@ import json
 from datetime import datetime, timezone
 
 from dagster import (
-    AssetRecordsFilter,
     AssetSelection,
     DagsterRunStatus,
     DefaultScheduleStatus,
@@ -94,13 +93,14 @@ def sweep_requests(context: SensorEvaluationContext):
     instance = context.instance
     requested = set(json.loads(context.cursor)) if context.cursor else set()
     done = instance.get_materialized_partitions(sweep_key())
-    unfinished = {record.dagster_run.tags.get(PARTITION_TAG)
-                  for record in instance.get_run_records(RunsFilter(job_name=SWEEP_JOB, statuses=UNFINISHED))}
+    # Sweep runs not ended yet: the sensor's own, and those of `pretrain materialize` (one asset per run).
+    unfinished = {run.tags.get(PARTITION_TAG) for run in instance.get_runs(RunsFilter(statuses=UNFINISHED))
+                  if run.job_name == SWEEP_JOB or sweep_key() in (run.asset_selection or ())}
     new = [name for name in instance.get_dynamic_partitions(CANDIDATES.name)
            if name not in done and name not in unfinished and name not in requested]
     requests = [RunRequest(job_name=SWEEP_JOB, partition_key=name, run_key=f"mix_sweep:{name}") for name in new]
     if not new and not unfinished:
-        [latest_run] = instance.fetch_materializations(AssetRecordsFilter(asset_key=sweep_key()), limit=1).records or [None]
+        [latest_run] = instance.fetch_materializations(sweep_key(), limit=1).records or [None]  # any partition's
         [latest_fit] = instance.fetch_materializations(weights_key(), limit=1).records or [None]
         if latest_run is not None and (latest_fit is None or latest_run.storage_id > latest_fit.storage_id):
             requests.append(RunRequest(job_name=WEIGHTS_JOB, run_key=f"mixture_weights:{latest_run.storage_id}"))

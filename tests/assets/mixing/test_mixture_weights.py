@@ -67,7 +67,8 @@ def test_the_fit_leaves_out_runs_not_finished_or_of_another_proxy_and_names_them
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     recipe = load_recipe(path)
     instance = DagsterInstance.ephemeral()
-    resources = {"store": StoreResource(url=str(tmp_path / "store")), "scratch": ScratchResource(root=str(tmp_path / "work"))}
+    resources = {"store": StoreResource(url=str(tmp_path / "store")),
+                 "scratch": ScratchResource(root=str(tmp_path / "work"))}
     store = LocalStore(tmp_path / "store")
     assert materialize([mix_candidates_asset(recipe)], resources=resources, instance=instance).success
     [event] = instance.fetch_materializations(candidates_key(), limit=1).records

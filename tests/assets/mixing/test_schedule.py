@@ -9,7 +9,14 @@ from datetime import datetime, timezone
 
 import pytest
 import yaml
-from dagster import AssetMaterialization, DagsterInstance, build_schedule_context, build_sensor_context
+from dagster import (
+    AssetMaterialization,
+    DagsterInstance,
+    DagsterRunStatus,
+    build_schedule_context,
+    build_sensor_context,
+)
+from dagster._core.test_utils import create_run_for_test  # a run record as `pretrain materialize` leaves one
 
 from assets.definitions import build_defs
 from assets.home import ensure_dagster_home
@@ -129,7 +136,14 @@ def test_two_ticks_draw_new_candidates_and_the_fit_uses_the_runs_of_both(tmp_pat
     assert len(tick_2) == 3 and not tick_2 & (base | tick_1) and drawn["new_partitions"] == 3
     requests = sense()
     assert {r.partition_key for r in requests} == tick_2
-    record_proxy_runs(instance, store, tmp_path, recipe, sorted(tick_2), drawn["candidates"])
+    # A proxy run not ended yet (here one that `pretrain materialize` started) holds the refit back.
+    last = sorted(tick_2)[-1]
+    going = create_run_for_test(instance, job_name="__ASSET_JOB", status=DagsterRunStatus.STARTED,
+                                tags={"dagster/partition": last}, asset_selection=frozenset({sweep_key()}))
+    record_proxy_runs(instance, store, tmp_path, recipe, sorted(tick_2 - {last}), drawn["candidates"])
+    assert sense() == []
+    record_proxy_runs(instance, store, tmp_path, recipe, [last], drawn["candidates"])
+    instance.report_run_failed(going)  # ended (its outcome does not matter to the sensor)
     [second_refit] = sense()
     assert second_refit.job_name == WEIGHTS_JOB and second_refit.run_key != refit.run_key
     run(second_refit)
