@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 
-from dagster import Definitions
+from dagster import AssetSelection, DefaultScheduleStatus, Definitions, ScheduleDefinition, define_asset_job
 
 from assets.curation import curation_assets
 from assets.curation.decontaminated import decontaminated_key
+from assets.curation.raw_crawl import inputs_key
 from assets.evaluation import evaluation_assets
 from assets.home import pretrain_home, store_url
 from assets.mixing import mixing_assets, mixing_schedules, mixing_sensors
@@ -54,8 +55,22 @@ def build_defs(recipe: Recipe) -> Definitions:
     assets += mixing_assets(recipe)
     assets += training_assets(recipe)
     assets += evaluation_assets(recipe)
-    return Definitions(assets=assets, schedules=mixing_schedules(recipe), sensors=mixing_sensors(recipe),
-                       resources=build_resources())
+    return Definitions(assets=assets, schedules=[*mixing_schedules(recipe), observe_inputs_schedule(recipe)],
+                       sensors=mixing_sensors(recipe), resources=build_resources())
+
+
+OBSERVE_INPUTS = "observe_inputs"
+OBSERVE_CRON = "*/15 * * * *"
+
+
+def observe_inputs_schedule(recipe: Recipe) -> ScheduleDefinition:
+    """Every source's input files observed every 15 minutes (running by default, under `dagster dev` or the
+    daemon), so a new or replaced input file turns its raw_crawl stale in the UI without anyone asking."""
+    keys = [inputs_key(source.name) for source in recipe.sources]
+    job = define_asset_job(OBSERVE_INPUTS, selection=AssetSelection.assets(*keys),
+                           description="Observe every source's input files (curation/<source>/inputs).")
+    return ScheduleDefinition(name=OBSERVE_INPUTS, job=job, cron_schedule=OBSERVE_CRON,
+                              default_status=DefaultScheduleStatus.RUNNING)
 
 
 defs = build_defs(load_recipe())

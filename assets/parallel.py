@@ -102,8 +102,10 @@ class _Asset:
     left: int = 0  # tasks not yet succeeded
 
 
-def materialize_parallel(defs, instance, keys: list, jobs: int, recipe_arg: str | None) -> bool:
-    """Materialize `keys` in dependency order, up to `jobs` runs at once. False (reported on stderr) if one failed."""
+def materialize_parallel(defs, instance, keys: list, jobs: int, recipe_arg: str | None,
+                         run_tags: dict | None = None) -> bool:
+    """Materialize `keys` in dependency order, up to `jobs` runs at once, each run tagged with `run_tags` too
+    (`--refresh`). False (reported on stderr) if one failed."""
     graph = defs.resolve_asset_graph()
     ancestors = _ancestors_in(graph, set(keys))
     descendants = {k: {d for d in keys if k in ancestors[d]} for k in keys}
@@ -130,7 +132,7 @@ def materialize_parallel(defs, instance, keys: list, jobs: int, recipe_arg: str 
     jobs = max(1, jobs)
     threads_each = str(max(1, cpu_count() // jobs))
     user_threads = os.environ.get(THREADS_ENV)
-    tags = {SESSION_TAG: uuid.uuid4().hex[:12]}
+    tags = {**(run_tags or {}), SESSION_TAG: uuid.uuid4().hex[:12]}
 
     done: set = set()
     failed: set = set()  # keys with a failed run (or no partitions): what depends on them never starts

@@ -340,6 +340,24 @@ class PiiScrubber(PipelineStep):
 # The pipeline
 
 
+# The code each step runs, by its setting (a FilterConfig field): top-level names of this module (and of
+# filter_config's) that a filtered output's version hashes, so that editing one step's code makes stale only the
+# sources whose filter uses it (assets/curation/filtered.py). A step that is datatrove's own lists nothing here.
+STEP_CODE: dict[str, tuple[str, ...]] = {
+    "url": ("UrlBlocklistFilter", "_well_formed_url", "_read_list_files"),
+    "language": ("LanguageIdFilter", "_OfflineLid176", "lid176_path"),
+    "gopher_repetition": (),
+    "gopher_quality": ("LanguageAwareGopherQuality", "_WORD", "filter_config:DEFAULT_STOP_WORDS"),
+    "c4": (),
+    "fineweb": (),
+    "code": ("CodeQualityFilter",),
+    "quality_model": ("QualityModelFilter",),
+    "pii": ("PiiScrubber", "scrub_pii", "_PII_PATTERNS", "_valid", "_valid_ipv6"),
+}
+# What every source's filtering runs, whatever its steps.
+PIPELINE_CODE = ("filter_steps", "filter_pipeline", "filter_counts")
+
+
 def filter_steps(config: FilterConfig, *, lists_root: Path, model_path: Path | None = None,
                  rejected_dir: Path | None = None) -> list[PipelineStep]:
     """The filter and scrub steps for one source, in order (no reader or writer)."""

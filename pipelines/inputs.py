@@ -2,7 +2,7 @@
 
     expand_remote("s3://bucket/crawl/*.warc.gz")   # ["s3://bucket/crawl/a.warc.gz", ...] (sorted by the caller)
     with open_input("s3://bucket/crawl/a.warc.gz") as f: ...   # seekable, streamed in 8 MiB read-ahead blocks
-    input_info(Path("crawl/a.warc.gz"))            # {"size": 123}; remote: also "etag" or "mtime", no download
+    input_info(Path("crawl/a.warc.gz"))            # {"size": 123}; remote: also "etag" and "mtime", no download
 
 An input is a `Path` (local) or a URL string (`Input`). S3 goes through s3fs: the endpoint (AWS_ENDPOINT_URL_S3,
 AWS_ENDPOINT_URL: MinIO, moto), credentials and region come from the usual AWS_* variables. A remote input reads
@@ -72,16 +72,16 @@ def input_name(location: Input) -> str:
 
 
 def input_info(location: Input) -> dict:
-    """{"size", and for a remote file "etag" or "mtime" when its store gives one} -- without reading it."""
+    """{"size", and for a remote file "etag" and "mtime" where its store gives them} -- without reading it."""
     if isinstance(location, Path):
         return {"size": location.stat().st_size}
     fs, path = remote_fs(location)
     info = fs.info(path)
     found = {"size": int(info["size"])}
-    for key in ("ETag", "etag", "mtime", "LastModified", "last_modified"):
-        if info.get(key) is not None:
-            found["etag" if key.lower() == "etag" else "mtime"] = str(info[key]).strip('"')
-            break
+    for field, keys in (("etag", ("ETag", "etag")), ("mtime", ("mtime", "LastModified", "last_modified"))):
+        value = next((info[key] for key in keys if info.get(key) is not None), None)
+        if value is not None:
+            found[field] = str(value).strip('"')
     return found
 
 

@@ -93,10 +93,6 @@ def candidate_mixtures(cfg: MixingConfig, tick: int | None = None) -> list[dict[
     return [{s: float(w) for s, w in zip(cfg.sources, row)} for row in rows]
 
 
-# The regression's models, richest first: the fit takes the first with no more features than runs.
-MODELS = ("quadratic", "linear")
-
-
 def feature_count(model: str, sources: int) -> int:
     """Columns of the design matrix: quadratic 1 + k + k(k+1)/2 (21 for 5 sources), linear k."""
     return {"quadratic": 1 + sources + sources * (sources + 1) // 2, "linear": sources}[model]
@@ -131,7 +127,7 @@ class MixtureFit:
     r2: float  # on the training points
     loo_rmse: float  # leave-one-out error: how far to trust the fit
     observed: list[tuple[dict[str, float], float]] = field(default_factory=list)
-    model: str = "quadratic"  # one of MODELS
+    model: str = "quadratic"  # or "linear" (choose_model)
     warning: str | None = None  # why a simpler model than the quadratic one was fitted
 
     @property

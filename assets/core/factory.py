@@ -16,15 +16,17 @@ An asset states what it reads and how it builds; the factory does the rest, the 
        "data_version".
 
     raw_crawl = output_asset(OutputSpec(
-        key=AssetKey(["curation", "web", "raw_crawl"]), group="curation", stage="raw_crawl", implementation="v1",
+        key=AssetKey(["curation", "web", "raw_crawl"]), group="curation", stage="raw_crawl",
         section=source.raw_section(), description="...",
         prepare=lambda inputs: inputs.but(fingerprints=file_fingerprints(files)),
         build=lambda inputs, out_dir: {"files": ..., "counts": {...}},
         metadata=lambda inputs, output: {"documents": output.manifest["counts"]["kept"]},
     ))
 
-The code version is derived here from (stage, implementation, section), and the manifest records the sha256 of
-that same section, so the two cannot disagree.
+The code version is derived here from the stage, the code (the source text of the build's module and the engine
+modules it imports, plus `code`: assets/core/source_hash.py) and the section, and the manifest records the sha256
+of that same section, so the two cannot disagree. Nothing is bumped by hand: editing the code an output depends
+on makes it stale, in the UI (Dagster compares code versions) and here (the version key changes).
 """
 
 
@@ -42,9 +44,11 @@ from dagster import (
     AssetKey,
     Failure,
     MaterializeResult,
+    MetadataValue,
     asset,
 )
 
+from assets.core.source_hash import code_digest
 from assets.core.upstream import Output, OutputNotFound, committed_result, latest_output
 from assets.core.versioning import code_version, manifest_header, version_key
 from storage.manifest import commit_folder, read_manifest
@@ -52,6 +56,7 @@ from storage.objects import ObjectStore
 
 # Every asset writes to the store and builds in scratch space; others (executor, launcher) are asked for by name.
 BASE_RESOURCES = frozenset({"store", "scratch"})
+CODE_METADATA = "pretrain/code"  # the asset definition's metadata: the code references of its code version
 
 
 @dataclass(frozen=True)
@@ -100,7 +105,6 @@ class OutputSpec:
     key: AssetKey
     group: str
     stage: str  # the code version's first field
-    implementation: str  # bumped when the code changes what it writes for the same settings
     section: Any  # the recipe settings that decide the output (JSON-able)
     description: str
     build: Callable[[Inputs, Path], dict]
@@ -123,10 +127,23 @@ class OutputSpec:
     out_name: str = "out"  # the committed folder's name inside the scratch folder
     kinds: frozenset[str] = frozenset({"python"})
     asset_args: Mapping[str, Any] = field(default_factory=dict)  # partitions_def, retry_policy, config_schema, ...
+    # The code the output depends on beyond the build's own module and the engine modules it imports
+    # (assets/core/source_hash.py references: "trainer" for a stage that runs `python -m trainer`). None: no code
+    # at all, for an output kept until the recipe or the user asks for a new one (the trained tokenizer).
+    code: Sequence[str] | None = ()
+
+    @property
+    def code_refs(self) -> tuple[str, ...]:
+        """Every code reference the code version hashes (empty for an output kept whatever its code)."""
+        return () if self.code is None else (self.build.__module__, *self.code)
+
+    @property
+    def code_sha256(self) -> str | None:
+        return code_digest(self.code_refs) if self.code_refs else None
 
     @property
     def code_version(self) -> str:
-        return code_version(self.stage, self.implementation, self.section)
+        return code_version(self.stage, self.code_sha256, self.section)
 
 
 def output_asset(spec: OutputSpec):
@@ -142,7 +159,9 @@ def output_asset(spec: OutputSpec):
         check_specs=list(spec.check_specs),
         required_resource_keys=set(BASE_RESOURCES | spec.resources),
         description=spec.description,
-        **spec.asset_args,
+        # What the code version hashes, so the UI shows why an edit made this asset stale.
+        metadata={CODE_METADATA: MetadataValue.json(list(spec.code_refs)), **spec.asset_args.get("metadata", {})},
+        **{name: value for name, value in spec.asset_args.items() if name != "metadata"},
     )
     def _output(context: AssetExecutionContext) -> MaterializeResult:
         return materialize(spec, context)

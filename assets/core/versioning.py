@@ -1,7 +1,9 @@
 """Code versions and version keys, as DESIGN.md "Recipes and versions" defines them.
 
-- code_version = "<stage>:<implementation version>:<sha256 of the recipe section>[:12]", so changing a
-  source's settings makes exactly the assets that read that section stale.
+- code_version = "<stage>:<sha256 of the code>[:12]:<sha256 of the recipe section>[:12]": the code is the source
+  text of what the output depends on (assets/core/source_hash.py), so editing a filter step's code or a source's
+  settings makes exactly the assets that use them stale. An output kept whatever its code (the trained
+  tokenizer, until the recipe or the user asks for a new one) has "kept" in place of the code's digest.
 - version_key = digest of the code version and everything the output depends on from outside the
   recipe (upstream data versions, input file fingerprints): the folder an output lives in. Outputs
   are immutable: a version key that already has a manifest is reused, never overwritten.
@@ -10,8 +12,9 @@
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime, timezone
 import json
+import os
+from datetime import datetime, timezone
 from pathlib import Path
 
 
@@ -21,25 +24,56 @@ def section_sha256(section) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def code_version(stage: str, implementation: str, section) -> str:
-    return f"{stage}:{implementation}:{section_sha256(section)[:12]}"
+def code_version(stage: str, code_sha256: str | None, section) -> str:
+    return f"{stage}:{code_sha256[:12] if code_sha256 else 'kept'}:{section_sha256(section)[:12]}"
 
 
 def file_fingerprints(paths: list[Path | str]) -> list[str]:
-    """Name and size of each local input: enough to notice a replaced file without hashing gigabytes. A remote
-    input (an fsspec URL, str) is its URL, size and ETag (or modification time, where the store has no ETag),
-    from the store's listing: nothing is downloaded."""
+    """What each input's content is, without trusting its name: a local file's name, size and sha256 (streamed;
+    remembered by path, size and modification time, so an unchanged crawl is not read again: `content_sha256`);
+    a remote input (an fsspec URL, str) is its URL, size, ETag and modification time from the store's listing,
+    nothing downloaded (an S3 ETag is the content's MD5, or its parts' for a multipart upload)."""
     prints = []
     for path in paths:
         if isinstance(path, Path):
-            prints.append(f"{path.name}:{path.stat().st_size}")
+            prints.append(f"{path.name}:{path.stat().st_size}:sha256:{content_sha256(path)}")
         else:
             from pipelines.inputs import input_info
 
             info = input_info(path)
-            version = info.get("etag") or info.get("mtime", "")
-            prints.append(f"{path}:{info['size']}:{version}")
+            prints.append(f"{path}:{info['size']}:{info.get('etag', '')}:{info.get('mtime', '')}")
     return prints
+
+
+HASH_CACHE = "sha256-cache.json"  # under $PRETRAIN_HOME/cache: {path: [size, mtime_ns, sha256]}
+_CHUNK = 1 << 20
+
+
+def content_sha256(path: Path) -> str:
+    """sha256 of a local file, read in 1 MiB chunks; kept in $PRETRAIN_HOME/cache by (path, size, mtime_ns), so a
+    file is read again only when it changes (a file replaced in place gets a new mtime)."""
+    from assets.home import pretrain_home
+
+    stat = path.stat()
+    cache_file = pretrain_home() / "cache" / HASH_CACHE
+    try:
+        cache = json.loads(cache_file.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    name = str(path.resolve())
+    if cache.get(name, [None])[:2] == [stat.st_size, stat.st_mtime_ns]:
+        return cache[name][2]
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    cache[name] = [stat.st_size, stat.st_mtime_ns, digest.hexdigest()]
+    # Written whole and renamed: concurrent runs each leave a complete cache (one may lose the other's entry).
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache_file.with_name(f"{HASH_CACHE}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(cache, sort_keys=True))
+    os.replace(tmp, cache_file)
+    return cache[name][2]
 
 
 def version_key(code_version: str, *, upstream: dict[str, str] | None = None, inputs: list[str] | None = None) -> str:

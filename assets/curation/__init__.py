@@ -1,5 +1,6 @@
 """The curation group: every source from its input files to decontaminated documents.
 
+    curation/<source>/inputs          raw_crawl.py        the input files, observed (a source asset)
     curation/<source>/raw_crawl       raw_crawl.py        inputs normalized to documents
     curation/quality_classifier       quality_classifier.py  (when the recipe has one)
     curation/<source>/filtered        filtered.py         the source's filter steps
@@ -12,13 +13,14 @@ from assets.curation.decontaminated import decontaminated_asset, decontaminated_
 from assets.curation.deduplicated import deduplicated_asset
 from assets.curation.filtered import filtered_asset, filtered_key
 from assets.curation.quality_classifier import quality_classifier_asset
-from assets.curation.raw_crawl import raw_crawl_asset
+from assets.curation.raw_crawl import raw_crawl_asset, source_inputs_asset
 from assets.recipe import Recipe
 
 
 def curation_assets(recipe: Recipe) -> list:
     """raw_crawl -> filtered (with the quality classifier) -> deduplicated (across sources) -> decontaminated."""
-    assets = [raw_crawl_asset(recipe, source) for source in recipe.sources]
+    assets = [source_inputs_asset(recipe, source) for source in recipe.sources]
+    assets += [raw_crawl_asset(recipe, source) for source in recipe.sources]
     if recipe.quality_classifier:
         assets.append(quality_classifier_asset(recipe, recipe.quality_classifier))
     assets += [filtered_asset(recipe, source) for source in recipe.sources]

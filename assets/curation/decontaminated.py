@@ -26,9 +26,6 @@ from pipelines.decontam_steps import DecontamShards, decontam_counts, written_fi
 from pipelines.readers import expand_inputs
 from storage.manifest import data_version_of
 
-# Bump when the decontamination code changes what it writes for the same settings.
-DECONTAMINATED_IMPLEMENTATION = "v2"  # v2: outputs per input part, scanned in tasks (issue 17)
-
 
 def decontaminated_key(source_name: str) -> AssetKey:
     return AssetKey(["curation", source_name, "decontaminated"])
@@ -100,7 +97,7 @@ def decontaminated_asset(recipe: Recipe, source: SourceConfig, upstream_key: Ass
         }
 
     return output_asset(OutputSpec(
-        key=key, group="curation", stage="decontaminated", implementation=DECONTAMINATED_IMPLEMENTATION,
+        key=key, group="curation", stage="decontaminated",
         section={"source": source.name, "decontamination": dataclasses.asdict(settings)},
         description=(
             f"Source `{source.name}` after dedup, without documents that share a {settings.ngram}-gram with any of "

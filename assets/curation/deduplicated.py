@@ -28,8 +28,6 @@ from assets.recipe import Recipe
 from pipelines.dedup_stage import deduplicate
 from pipelines.dedup_steps import Shard
 
-# Bump when the dedup code changes what it writes for the same settings.
-DEDUPLICATED_IMPLEMENTATION = "v2"  # v2: datatrove phases, outputs named after the input shards
 # Settings that change how the work is done but never its output: tuning them leaves the asset fresh.
 DEDUP_FIELDS_NOT_VERSIONED = ("batch_shingles", "bucket_docs")
 
@@ -101,7 +99,7 @@ def deduplicated_asset(recipe: Recipe, upstream_key: Callable[[str], AssetKey]):
         }
 
     return output_asset(OutputSpec(
-        key=key, group="curation", stage="deduplicated", implementation=DEDUPLICATED_IMPLEMENTATION,
+        key=key, group="curation", stage="deduplicated",
         section=dedup_section(recipe),
         description=(
             "Exact and MinHash-LSH near-duplicates removed across all sources together "

@@ -22,10 +22,8 @@ from assets.curation.quality_classifier import CLASSIFIER_KEY, MODEL_FILE
 from assets.curation.raw_crawl import raw_crawl_key
 from assets.plots import bar_chart, count_table
 from assets.recipe import DEMO_RECIPE, Recipe, SourceConfig
-from pipelines.filters import FilterConfig, filter_counts, filter_pipeline
+from pipelines.filters import PIPELINE_CODE, STEP_CODE, FilterConfig, filter_counts, filter_pipeline
 
-# Bump when the filter code changes what it writes for the same settings.
-FILTERED_IMPLEMENTATION = "v2"  # v2: outputs named after their input parts, not the task's rank
 
 
 def filtered_key(source_name: str) -> AssetKey:
@@ -55,6 +53,22 @@ def resolved_filter(recipe: Recipe, source: SourceConfig) -> tuple[FilterConfig,
         for field in ("blocked_domains_files", "blocked_words_files", "blocked_subwords_files")
     })
     return dataclasses.replace(config, url=url), {name: hashlib.sha256(p.read_bytes()).hexdigest() for name, p in paths.items()}
+
+
+def filter_code(config: FilterConfig) -> list[str]:
+    """The code a source's filtering runs (assets/core/source_hash.py references): the pipeline, the reader and
+    writer, and only the steps its settings turn on, so editing one step's code makes stale only the sources
+    that use it."""
+    names = [*PIPELINE_CODE]
+    for step, code in STEP_CODE.items():
+        if getattr(config, step) is not None:
+            names += code
+    own = [name for name in names if ":" not in name]
+    refs = [f"pipelines.filters:{','.join(own)}", "pipelines.shards", "pipelines.runner"]
+    refs += [f"pipelines.{name}" for name in names if ":" in name]  # e.g. filter_config:DEFAULT_STOP_WORDS
+    if config.quality_model is not None:
+        refs.append("pipelines.quality_model")
+    return refs
 
 
 def filtered_asset(recipe: Recipe, source: SourceConfig):
@@ -108,7 +122,7 @@ def filtered_asset(recipe: Recipe, source: SourceConfig):
         }
 
     return output_asset(OutputSpec(
-        key=key, group="curation", stage="filtered", implementation=FILTERED_IMPLEMENTATION,
+        key=key, group="curation", stage="filtered", code=filter_code(source.filter),
         # The lists' contents, not just their names: editing a blocklist makes the source's filtered asset stale.
         section={**source.filtered_section(), "lists": lists},
         description=(

@@ -8,13 +8,12 @@ from dagster import AssetKey
 
 from assets.core.factory import Inputs, OutputSpec, output_asset
 from assets.core.upstream import Output
+from assets.core.versioning import file_fingerprints
 from assets.curation.raw_crawl import raw_crawl_key
 from assets.recipe import Recipe
 from pipelines.shards import iter_documents
 from pipelines.quality_model import QualityClassifierConfig, read_labelled, train_quality_classifier
 
-# Bump when the classifier code changes what it writes for the same settings.
-CLASSIFIER_IMPLEMENTATION = "v1"
 CLASSIFIER_KEY = AssetKey(["curation", "quality_classifier"])
 MODEL_FILE = "model.npy"
 
@@ -30,7 +29,7 @@ def quality_classifier_asset(recipe: Recipe, config: QualityClassifierConfig):
         for name, path in files.items():
             if not path.is_file():
                 raise ValueError(f"quality_classifier: file {name!r} not found (looked for {path})")
-        fingerprints = [f"{name}:{path.stat().st_size}" for name, path in files.items()]
+        fingerprints = file_fingerprints(list(files.values()))  # by content: a relabelled file is a new version
         return inputs.but(fingerprints=fingerprints, manifest={"inputs": fingerprints}, extra={"files": files})
 
     def build(inputs: Inputs, out_dir) -> dict:
@@ -60,7 +59,7 @@ def quality_classifier_asset(recipe: Recipe, config: QualityClassifierConfig):
         }
 
     return output_asset(OutputSpec(
-        key=CLASSIFIER_KEY, group="curation", stage="quality_classifier", implementation=CLASSIFIER_IMPLEMENTATION,
+        key=CLASSIFIER_KEY, group="curation", stage="quality_classifier",
         section=section,
         description=(
             "fastText quality classifier: the recipe's reference texts (high quality) against raw web documents; "

@@ -7,9 +7,17 @@ The stage is pipelines/ingest.py's IngestStep run by the executor resource, one 
 resource says otherwise (its outputs are named after the input files, so the task count never changes them);
 the counts come from the run's merged datatrove stats. Resumable: a re-materialization after a kill runs only
 the tasks that had not finished.
+
+`curation/<source>/inputs` is an observable source asset: each observation lists the source's inputs again and
+records their fingerprints' digest as its data version (file_fingerprints: a local file's sha256, an S3 object's
+ETag, size and modification time), so a new file matching the source's glob, or a file replaced in place, makes
+the raw_crawl asset stale in the UI. The observe_inputs schedule (assets/definitions.py) and `pretrain status`
+and `pretrain materialize` observe them; raw_crawl's version key holds the same fingerprints.
 """
 
-from dagster import AssetKey, Failure, MetadataValue
+import hashlib
+
+from dagster import AssetKey, DataVersion, Failure, MetadataValue, observable_source_asset
 
 from assets.core.factory import Inputs, OutputSpec, output_asset
 from assets.core.upstream import Output
@@ -18,21 +26,64 @@ from assets.plots import bar_chart, count_table
 from assets.recipe import Recipe, SourceConfig
 from pipelines.ingest import BadInputError, check_bad_fraction, ingest_pipeline, ingest_stats
 
-# Bump when the ingest code changes what it writes for the same settings.
-# v2: a datatrove step in N tasks; parts named after their input file (part-<file>-<k>), rejected-<file>.
-RAW_CRAWL_IMPLEMENTATION = "v2"
-
 
 def raw_crawl_key(source_name: str) -> AssetKey:
     return AssetKey(["curation", source_name, "raw_crawl"])
 
 
+def inputs_key(source_name: str) -> AssetKey:
+    return AssetKey(["curation", source_name, "inputs"])
+
+
+def _listed(recipe: Recipe, source: SourceConfig) -> list:
+    try:
+        return recipe.input_files(source)  # remote inputs are listed here, not when the recipe loads
+    except ValueError as exc:
+        raise Failure(description=f"sources[{source.name}].inputs: {exc}") from None
+
+
+def inputs_version(fingerprints: list[str]) -> str:
+    """The observed data version of a source's input set: sha256 of its files' fingerprints, in order."""
+    return hashlib.sha256("\n".join(fingerprints).encode()).hexdigest()
+
+
+def source_inputs_asset(recipe: Recipe, source: SourceConfig):
+    """The observable source asset of one source's input files (see the module docstring)."""
+
+    @observable_source_asset(
+        key=inputs_key(source.name), group_name="curation",
+        description=(f"The input files of source `{source.name}` ({', '.join(source.inputs)}), observed: a new "
+                     "matching file or a changed one gives a new data version, and raw_crawl turns stale."),
+    )
+    def _inputs(context):
+        return DataVersion(inputs_version(file_fingerprints(_listed(recipe, source))))
+
+    return _inputs
+
+
+def observe_inputs(instance, recipe: Recipe) -> list[str]:
+    """Observe every source's input set now, as the observable source assets would, outside a run (`pretrain
+    status` and `pretrain materialize` start with it); an observation is recorded only where the version differs
+    from the latest one. Returns the sources whose inputs changed."""
+    from dagster import AssetObservation
+    from dagster._core.definitions.data_version import DATA_VERSION_IS_USER_PROVIDED_TAG, DATA_VERSION_TAG
+
+    changed = []
+    for source in recipe.sources:
+        key = inputs_key(source.name)
+        version = inputs_version(file_fingerprints(_listed(recipe, source)))
+        latest = instance.fetch_observations(key, limit=1).records
+        if latest and latest[0].asset_observation.tags.get(DATA_VERSION_TAG) == version:
+            continue
+        instance.report_runless_asset_event(AssetObservation(
+            asset_key=key, tags={DATA_VERSION_TAG: version, DATA_VERSION_IS_USER_PROVIDED_TAG: "true"}))
+        changed.append(source.name)
+    return changed
+
+
 def raw_crawl_asset(recipe: Recipe, source: SourceConfig):
     def prepare(inputs: Inputs) -> Inputs:
-        try:
-            files = recipe.input_files(source)  # remote inputs are listed here, not when the recipe loads
-        except ValueError as exc:
-            raise Failure(description=f"sources[{source.name}].inputs: {exc}") from None
+        files = _listed(recipe, source)
         return inputs.but(fingerprints=file_fingerprints(files), manifest={"inputs": [str(path) for path in files]},
                           extra={"files": files})
 
@@ -74,13 +125,13 @@ def raw_crawl_asset(recipe: Recipe, source: SourceConfig):
         }
 
     return output_asset(OutputSpec(
-        key=raw_crawl_key(source.name), group="curation", stage="raw_crawl",
-        implementation=RAW_CRAWL_IMPLEMENTATION, section=source.raw_section(),
+        key=raw_crawl_key(source.name), group="curation", stage="raw_crawl", section=source.raw_section(),
         description=(
             f"Source `{source.name}` ({source.format}): its inputs read and normalized to documents "
             "(text, id, metadata.url/origin, source). Driven by the recipe's "
             f"`sources[{source.name}]` inputs, format and reader settings."
         ),
+        deps=[inputs_key(source.name)],  # observed, so new or replaced input files show as stale
         prepare=prepare, build=build, metadata=metadata,
         resources=frozenset({"executor"}),
         resumable=True,  # the work folder (task completion markers, finished inputs' parts) is kept per version

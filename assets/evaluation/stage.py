@@ -20,7 +20,6 @@ from assets.training.inputs import packed_keys, training_inputs
 from assets.training.stage import stage_key
 from trainer.checkpoint_store import local_copy
 
-EVALUATION_IMPLEMENTATION = "v1"
 RESULTS_FILE = "results.json"
 
 
@@ -84,7 +83,7 @@ def _evaluation_asset(recipe: Recipe, stage: str):
 
     return output_asset(OutputSpec(
         key=evaluation_key(stage), group="evaluation", stage=f"evaluation-{stage}",
-        implementation=EVALUATION_IMPLEMENTATION, section=config.model_dump(mode="json"),
+        code=("trainer",), section=config.model_dump(mode="json"),
         description=(f"training/{stage}'s final checkpoint measured: per-domain validation loss, the canary's loss, "
                      f"zero-shot {', '.join(config.tasks)} by log-likelihood (lm-evaluation-harness's way). "
                      "Driven by the recipe's `evaluation` section."),

@@ -22,8 +22,6 @@ from pipelines.pack import PackIndex, PackShards, shard_name, split_counts
 from pipelines.runner import stat_totals
 from pipelines.packed_format import INDEX_FILE
 
-# Bump when the code changes what it writes for the same settings.
-PACKED_IMPLEMENTATION = "v2"  # v2: one shard per input part and index.json (issue 17)
 # Settings that change how the work is done but never its output (packing is batch-size independent).
 PACKING_FIELDS_NOT_VERSIONED = ("batch_documents", "batch_bytes")
 
@@ -80,7 +78,7 @@ def packed_asset(recipe: Recipe, source_name: str, upstream_key: Callable[[str],
         }
 
     return output_asset(OutputSpec(
-        key=packed_key(source_name), group="tokenization", stage="packed", implementation=PACKED_IMPLEMENTATION,
+        key=packed_key(source_name), group="tokenization", stage="packed",
         section=packed_section(recipe, source_name),
         description=(
             f"Source `{source_name}` tokenized: train/val token streams (EOS after every document) and document "

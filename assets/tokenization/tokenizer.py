@@ -6,6 +6,14 @@ The sample is drawn by the executor resource's tasks, each streaming its share o
 from the store and keeping each part's bottom sample (pipelines/pack.py SampleShards); the parts' samples are
 merged into the sample one pass over each whole source would draw (bounded by `sample_bytes`), so neither the
 task count nor the parts' split changes the tokenizer.
+
+Trained once and kept: its code version is its recipe section alone (no code digest), and its version key names
+the sample it was trained on (the sources' data versions, recorded as the manifest's "upstream"). Once a
+tokenizer of this section is committed, a later materialization keys on that recorded sample, so a filter change
+upstream finds the same tokenizer, commits the same data version, and nothing packed with it goes stale. A new
+one is trained when the section changes, or when the run asks for it (`pretrain materialize --select
+tokenization/tokenizer --refresh`, the run tag pretrain/refresh=true): then the sample is drawn from the
+sources' current outputs.
 """
 
 import dataclasses
@@ -16,16 +24,17 @@ from typing import Callable
 from dagster import AssetKey
 
 from assets.core.factory import Inputs, OutputSpec, output_asset
+from assets.core.lineage import SEARCH_LIMIT
 from assets.core.upstream import Output
 from assets.core.versioning import file_fingerprints
 from assets.recipe import Recipe
 from pipelines.pack import SampleShards, merged_sample
 from pipelines.runner import stat_totals
 from pipelines.tokenize import adopt_tokenizer, round_trip_failures, special_ids, train_tokenizer
+from storage.manifest import read_manifest
 
-# Bump when the code changes what it writes for the same settings.
-TOKENIZER_IMPLEMENTATION = "v2"  # v2: sampled by document id per part, in tasks (issue 17)
 TOKENIZER_FILE = "tokenizer.json"
+REFRESH_TAG = "pretrain/refresh"  # a run tag: "true" trains a new tokenizer on the sources' current outputs
 ROUND_TRIP_CHECKED = 1000  # sampled documents a trained tokenizer must encode and decode back exactly
 
 
@@ -59,14 +68,27 @@ def tokenizer_asset(recipe: Recipe, upstream_key: Callable[[str], AssetKey]):
     )
 
     def prepare(inputs: Inputs) -> Inputs:
-        return inputs.but(fingerprints=file_fingerprints([adopt]) if adopt else None,
-                          manifest={"inputs": [str(adopt)] if adopt else []})
+        if adopt:
+            return inputs.but(fingerprints=file_fingerprints([adopt]), manifest={"inputs": [str(adopt)]})
+        inputs = inputs.but(manifest={"inputs": []})
+        if inputs.context.run.tags.get(REFRESH_TAG) == "true":
+            inputs.log.info("refresh asked for: the sample is drawn from the sources' current outputs")
+            return inputs
+        kept = kept_sample(inputs, spec.code_version)
+        if kept is None:
+            return inputs
+        inputs.log.info(f"a tokenizer of this recipe section was trained on {kept}: reusing it (the sources' "
+                        "current outputs are not sampled again; --refresh trains a new one)")
+        return inputs.but(key_upstream=kept)
 
     def build(inputs: Inputs, out_dir: Path) -> dict:
         if adopt:
             built = adopt_tokenizer(adopt, config)
             sampled = checked = 0
         else:
+            if inputs.key_upstream is not None:  # a kept tokenizer's key names a sample that is no longer current
+                raise ValueError(f"the tokenizer trained on {inputs.key_upstream} is recorded but its output is gone "
+                                 "from the store: materialize it with --refresh to train one on the current sources")
             sources = {name: out.files() for name, out in inputs.outputs.items()}
             executor = inputs.resources.executor
             sample_dir = inputs.work / "sample"
@@ -111,14 +133,28 @@ def tokenizer_asset(recipe: Recipe, upstream_key: Callable[[str], AssetKey]):
             "round_trip_documents": counts["round_trip_documents"],
         }
 
-    return output_asset(OutputSpec(
-        key=tokenizer_key(), group="tokenization", stage="tokenizer", implementation=TOKENIZER_IMPLEMENTATION,
-        section=tokenizer_section(recipe),
+    spec = OutputSpec(
+        key=tokenizer_key(), group="tokenization", stage="tokenizer", section=tokenizer_section(recipe),
+        code=None,  # kept whatever the code: a new tokenizer would make every packed shard and stage stale
         description=f"The tokenizer: {how}; EOS {config.eos!r}, PAD {config.pad!r}. Driven by the recipe's `tokenizer` section.",
         # An adopted tokenizer does not depend on the documents; a trained one samples every source.
         reads={} if adopt else {source.name: upstream_key(source.name) for source in recipe.sources},
         prepare=prepare, build=build, metadata=metadata,
         failures=(ValueError,),  # a tokenizer that cannot be adopted or does not round-trip
         resources=frozenset({"executor"}), resumable=True,
-    ))
+    )
+    return output_asset(spec)
+
+
+def kept_sample(inputs: Inputs, code_version: str) -> dict[str, str] | None:
+    """{asset: data version} of the sample the latest committed tokenizer of this code version was trained on, or
+    None when there is none (among the asset's last SEARCH_LIMIT materializations)."""
+    records = inputs.context.instance.fetch_materializations(tokenizer_key(), limit=SEARCH_LIMIT).records
+    for record in records:  # newest first
+        materialization = record.asset_materialization
+        prefix = materialization.metadata.get("prefix") if materialization is not None else None
+        manifest = read_manifest(inputs.store, prefix.value) if prefix is not None else None
+        if manifest is not None and manifest.get("code_version") == code_version:
+            return manifest["upstream"]
+    return None
 

@@ -30,6 +30,7 @@ from assets.mixing.section import RESULT_FILE, weights_key
 from assets.plots import line_chart
 from assets.recipe import Recipe
 from assets.stages import check_stage, merge, split_launch
+from assets.tokenization.tokenizer import TOKENIZER_FILE
 from assets.training.inputs import packed_keys, training_inputs
 from trainer.config import BatchConfig
 
@@ -118,6 +119,12 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, start_from: tuple[st
                               "run_name": vkey, "local_dir": str(work / "checkpoints")},
                "tokenizer_sha256": found.tokenizer_sha256, "lineage": inputs.manifest["lineage"],
                **inputs.extra["begin"]}
+        if run_settings.get("metrics", {}).get("downstream_interval"):
+            # Zero-shot tasks during training (trainer.evaluate): the recipe's benchmark folder, this tokenizer.
+            [tokenizer] = found.tokenizer.download(inputs.store, work / "tokenizer", TOKENIZER_FILE)
+            run["metrics"] = {**run_settings["metrics"],
+                              "downstream_benchmarks": str(recipe.input_root / recipe.evaluation.benchmarks)}
+            run["data"]["tokenizer"] = str(tokenizer)
         if context.retry_number:
             context.log.info(f"retry {context.retry_number}: the trainer resumes from its latest checkpoint")
         result = inputs.resources.launcher.launch(context, run, work, settings=launch.overrides())
@@ -164,6 +171,9 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, start_from: tuple[st
             "lr_curve": _curve([(r["step"], r["lr"]) for r in train], "learning rate", "lr"),
             "val_loss_curve": _curve([(r["step"], sum(r["val_loss"].values()) / len(r["val_loss"])) for r in evals
                                       if r["val_loss"]], "mean validation loss", "loss"),
+            # Zero-shot accuracy during training (metrics.downstream_interval): capabilities, not only the loss.
+            "zero_shot_curve": line_chart(_zero_shot_series(records), title="zero-shot accuracy during training",
+                                          xlabel="tokens", ylabel="accuracy"),
             "lineage": MetadataValue.json([{k: r.get(k) for k in ("asset", "data_version", "run_id")} for r in lineage]),
             # How the run that made this output went: each restart of the trainer, why, and where it resumed.
             "restarts": len(manifest.get("restarts", [])),
@@ -206,6 +216,15 @@ def _with_overrides(name: str, settings: dict, chosen: dict) -> tuple[dict, dict
     except ValueError as exc:
         raise Failure(description=str(exc)) from None
     return merged, overrides
+
+
+def _zero_shot_series(records: list[dict]) -> dict[str, list[tuple[int, float]]]:
+    """{"task metric": [(tokens, score), ...]} from the trainer's downstream records."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    for r in (r for r in records if r.get("event") == "downstream"):
+        for task, figures in r["tasks"].items():
+            series.setdefault(f"{task} {figures['metric']}", []).append((r["tokens"], figures[figures["metric"]]))
+    return series
 
 
 def _curve(points: list[tuple[int, float]], title: str, ylabel: str) -> MetadataValue:

@@ -36,7 +36,7 @@ def test_demo_spec(monkeypatch):
     assert dict(spec.reads) == {"documents": AssetKey(["curation", "deduplicated"])}
     assert spec.section == {"source": "code", "decontamination": dataclasses.asdict(recipe.decontamination)}
     assert spec.section["decontamination"]["ngram"] == 13 and spec.section["decontamination"]["action"] == "drop"
-    assert spec.code_version == code_version("decontaminated", "v2", spec.section)
+    assert spec.code_version == code_version("decontaminated", spec.code_sha256, spec.section)
     assert spec.resources == frozenset({"executor"}) and spec.resumable
     assert [(c.asset_key, c.name, c.blocking) for c in spec.check_specs] == [
         (spec.key, "documents_valid", False), (spec.key, "no_benchmark_ngrams", True)]

@@ -2,6 +2,7 @@
 section), a negative source the recipe lacks, prepare's fingerprints and missing-file error, and metadata's
 majority baseline. The build (training the model) is covered by the slow curation tests."""
 
+import hashlib
 import logging
 from types import SimpleNamespace
 
@@ -31,7 +32,7 @@ def test_demo_spec(monkeypatch):
     assert spec.section["negative_sources"] == ["cc"]
     assert spec.section["positive_files"] == ["quality/cs336_high_quality_wiki_reference.txt", "wiki/wikitext-2-valid.txt"]
     assert spec.section == pydantic.TypeAdapter(QualityClassifierConfig).dump_python(recipe.quality_classifier, mode="json")
-    assert spec.code_version == code_version("quality_classifier", "v1", spec.section)
+    assert spec.code_version == code_version("quality_classifier", spec.code_sha256, spec.section)
 
 
 def tiny(tmp_path, **config):
@@ -54,7 +55,9 @@ def test_prepare_fingerprints_every_file_and_names_a_missing_one(monkeypatch, tm
     spec = spec_of(monkeypatch, recipe, config)
     assert dict(spec.reads) == {"web": AssetKey(["curation", "web", "raw_crawl"])}
     inputs = spec.prepare(Inputs(context=SimpleNamespace(log=logging.getLogger("t")), store=None, outputs={}))
-    assert inputs.fingerprints == ["good.txt:16", "bad.txt:11"] == inputs.manifest["inputs"]
+    sha = {name: hashlib.sha256((tmp_path / name).read_bytes()).hexdigest() for name in ("good.txt", "bad.txt")}
+    assert inputs.fingerprints == [f"good.txt:16:sha256:{sha['good.txt']}", f"bad.txt:11:sha256:{sha['bad.txt']}"]
+    assert inputs.manifest["inputs"] == inputs.fingerprints
     assert inputs.extra["files"] == {"good.txt": tmp_path / "good.txt", "bad.txt": tmp_path / "bad.txt"}
     (tmp_path / "bad.txt").unlink()
     with pytest.raises(ValueError, match=r"quality_classifier: file 'bad.txt' not found"):

@@ -28,15 +28,15 @@ def test_demo_specs_key_group_section_and_no_reads(monkeypatch):
     web = recipe.source("web")
     spec = spec_of(monkeypatch, recipe, web)
     assert spec.key == AssetKey(["curation", "web", "raw_crawl"]) == raw_crawl.raw_crawl_key("web")
-    assert (spec.group, spec.stage, spec.implementation) == ("curation", "raw_crawl", "v2")
-    assert dict(spec.reads) == {} and list(spec.deps) == []
+    assert (spec.group, spec.stage, spec.code_refs) == ("curation", "raw_crawl", ("assets.curation.raw_crawl",))
+    assert dict(spec.reads) == {} and list(spec.deps) == [raw_crawl.inputs_key("web")]  # the observed input files
     assert spec.resources == frozenset({"executor"}) and spec.resumable
     # The bad-record threshold decides whether to fail, not what is written: not in the section.
     assert {k: v for k, v in spec.section.items() if k != "reader"} == {
         "name": "web", "format": "warc", "inputs": ["crawl/web-pages.warc.gz"]}
     assert spec.section == web.raw_section()
     assert "max_bad_fraction" not in spec.section["reader"]
-    assert spec.code_version == code_version("raw_crawl", "v2", spec.section)
+    assert spec.code_version == code_version("raw_crawl", spec.code_sha256, spec.section)
     codes = {s.name: spec_of(monkeypatch, recipe, s).code_version for s in recipe.sources}
     assert len(set(codes.values())) == len(recipe.sources)
 

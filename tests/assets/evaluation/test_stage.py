@@ -31,7 +31,7 @@ def test_demo_specs(monkeypatch):
         assert list(spec.deps) == [AssetKey(["tokenization", s, "packed"]) for s in SOURCES] + [
             AssetKey(["tokenization", "tokenizer"])]
         assert spec.section == recipe.evaluation.model_dump(mode="json")
-        assert spec.code_version == code_version(f"evaluation-{name}", "v1", spec.section)
+        assert spec.code_version == code_version(f"evaluation-{name}", spec.code_sha256, spec.section)
         assert spec.resources == frozenset({"launcher"})
     assert specs[0].section["tasks"] == ["lambada", "hellaswag", "arc_easy", "piqa"] and specs[0].section["limit"] == 50
 

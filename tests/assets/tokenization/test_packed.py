@@ -48,7 +48,7 @@ def test_demo_spec(monkeypatch):
                                 "documents": AssetKey(["curation", "code", "decontaminated"])}
     settings = dataclasses.asdict(recipe.packing)
     assert spec.section == {"source": "code", "packing": {"val_fraction": 0.02, "split_seed": settings["split_seed"]}}
-    assert spec.code_version == code_version("packed", "v2", spec.section)
+    assert spec.code_version == code_version("packed", spec.code_sha256, spec.section)
     assert spec.resources == frozenset({"executor"}) and spec.resumable
     assert spec.failures == (ValueError,)
     # Batch sizes change how, not what: the same version; the held-out share changes it.

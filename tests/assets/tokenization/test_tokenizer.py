@@ -43,11 +43,10 @@ def test_demo_spec_trains_on_every_source(monkeypatch):
     assert tokenizer.tokenizer_path(recipe) is None
     assert spec.section == {"tokenizer": dataclasses.asdict(recipe.tokenizer), "sources": [s.name for s in recipe.sources]}
     assert spec.section["tokenizer"]["vocab_size"] == 8192
-    assert spec.code_version == code_version("tokenizer", "v2", spec.section)
+    assert spec.code_version == code_version("tokenizer", None, spec.section)
     assert spec.resources == frozenset({"executor"}) and spec.resumable
     assert spec.failures == (ValueError,)
-    inputs = spec.prepare(Inputs(context=None, store=None, outputs={}))
-    assert inputs.fingerprints is None and inputs.manifest == {"inputs": []}
+    assert spec.code is None and spec.code_refs == ()  # trained once and kept, whatever the code (module docstring)
 
 
 def test_an_adopted_tokenizer_reads_nothing_and_versions_only_its_file_and_specials(monkeypatch, tmp_path):
@@ -61,7 +60,8 @@ def test_an_adopted_tokenizer_reads_nothing_and_versions_only_its_file_and_speci
     assert tokenizer.tokenizer_section(demo_with(path="tokenizers/gpt2/tokenizer.json", vocab_size=300)) == spec.section
 
     inputs = spec.prepare(Inputs(context=SimpleNamespace(log=logging.getLogger("t")), store=None, outputs={}))
-    assert inputs.fingerprints == [f"tokenizer.json:{path.stat().st_size}"]
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert inputs.fingerprints == [f"tokenizer.json:{path.stat().st_size}:sha256:{sha}"]  # by content
     assert inputs.manifest == {"inputs": [str(path)]}
     out = tmp_path / "out"
     out.mkdir()
@@ -107,7 +107,7 @@ def test_trained_on_committed_parts_the_same_for_any_task_count(monkeypatch, tmp
         (work / "out").mkdir(parents=True)
         context = SimpleNamespace(log=logging.getLogger("t"),
                                   resources=SimpleNamespace(executor=ExecutorResource(kind="local", workers=workers, tasks=tasks)))
-        inputs = spec.prepare(Inputs(context=context, store=store, outputs=outputs)).but(work=work)
+        inputs = Inputs(context=context, store=store, outputs=outputs, work=work)  # prepare reads the instance
         fields = spec.build(inputs, work / "out")
         assert fields["tokenizer"]["vocab_size"] == 400 and 0 < fields["counts"]["sample_bytes"] <= 60_000
         digests.add(fields["tokenizer"]["sha256"])
