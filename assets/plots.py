@@ -54,15 +54,22 @@ def histogram(counts: Mapping[int, int], *, title: str, xlabel: str, ylabel: str
     return _markdown(figure, title)
 
 
-def line_chart(points: list[tuple[float, float]], *, title: str, xlabel: str, ylabel: str,
-               log: bool = False) -> MetadataValue:
-    """A curve over (x, y) points, e.g. the loss by step of a training stage."""
-    if not points:
+def line_chart(points: list[tuple[float, float]] | Mapping[str, list[tuple[float, float]]], *, title: str, xlabel: str,
+               ylabel: str, log: bool = False) -> MetadataValue:
+    """A curve over (x, y) points, e.g. the loss by step of a training stage; or one labelled curve per key of
+    {label: points} (zero-shot accuracy by task)."""
+    series = points if isinstance(points, Mapping) else {None: points}
+    series = {label: curve for label, curve in series.items() if curve}
+    if not series:
         return MetadataValue.md(f"**{title}**: nothing to plot")
     figure = _figure()
     axes = figure.add_subplot()
-    xs, ys = zip(*points)
-    axes.plot(xs, ys, color="#4f6bed", linewidth=1.5, marker="." if len(xs) <= 50 else None)
+    for label, curve in series.items():
+        xs, ys = zip(*curve)
+        axes.plot(xs, ys, color="#4f6bed" if label is None else None, linewidth=1.5,
+                  marker="." if len(xs) <= 50 else None, label=label)
+    if None not in series:
+        axes.legend(fontsize=8)
     axes.set_xlabel(xlabel)
     axes.set_ylabel(ylabel)
     axes.grid(alpha=0.3)

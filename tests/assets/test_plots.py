@@ -34,3 +34,15 @@ def test_count_table_is_sorted_largest_first_with_typed_columns():
     assert [r.data for r in table.records] == [
         {"reason": "kept", "documents": 962}, {"reason": "lang", "documents": 150}, {"reason": "url", "documents": 150}]
     assert [(c.name, c.type) for c in table.schema.columns] == [("reason", "string"), ("documents", "int")]
+
+
+def test_a_line_chart_of_several_series_draws_one_coloured_curve_each():
+    from assets.plots import line_chart
+
+    one = decoded(line_chart([(0, 0.25), (1, 0.3)], title="acc", xlabel="tokens", ylabel="accuracy")).convert("RGB")
+    two = decoded(line_chart({"piqa acc_norm": [(0, 0.5), (10, 0.55)], "arc_easy acc_norm": [(0, 0.25), (10, 0.3)]},
+                             title="zero-shot", xlabel="tokens", ylabel="accuracy")).convert("RGB")
+    assert two.size == (512, 256)
+    orange = lambda image: sum(1 for r, g, b in image.getdata() if r > 200 and 100 < g < 150 and b < 60)
+    assert orange(two) > 20 and orange(one) == 0  # matplotlib's second colour: the second series has its own curve
+    assert "nothing to plot" in line_chart({"piqa acc": []}, title="zero-shot", xlabel="tokens", ylabel="acc").value

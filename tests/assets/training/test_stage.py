@@ -51,7 +51,7 @@ def test_demo_specs(monkeypatch):
     # Where a stage starts is part of what it is (its code version): continue_from main, for both.
     assert "continue_from" not in main.section
     assert long.section["continue_from"] == anneal.section["continue_from"] == "main"
-    assert main.code_version == code_version("training-main", main.code_sha256, main.section)
+    assert main.code_version == code_version("training-main", "v1", main.section)
     assert main.resources == frozenset({"launcher"}) and main.out_name == "result"
     schema = main.asset_args["config_schema"]
     assert {k: f.default_value for k, f in schema.items()} == {"train_tokens": 262144, "seq_len": 128, "global_batch": 16}
@@ -119,9 +119,14 @@ def test_the_run_configs_continue_main_in_long_512_and_anneal(monkeypatch, tmp_p
     (run, settings), = launcher.runs
     assert settings == {"max_restarts": 2} and "launch" not in run
     assert run["stage"] == "main" and run["init_from"] is None and run["train_tokens"] == 262144
-    assert run["data"] == {"shards": {s: str(tmp_path / "store" / outs[s].prefix) for s in PRIOR},
-                           "weights": chosen, "min_doc_tokens": 0}
     vkey = main_manifest["version_key"]
+    # Zero-shot tasks during training (metrics.downstream_interval): the recipe's benchmarks and the tokenizer.
+    tokenizer = tmp_path / "work" / "training" / "main" / vkey / "tokenizer" / "tokenizer.json"
+    assert run["data"] == {"shards": {s: str(tmp_path / "store" / outs[s].prefix) for s in PRIOR},
+                           "weights": chosen, "min_doc_tokens": 0, "tokenizer": str(tokenizer)}
+    assert tokenizer.read_text() == "{}"  # the tokenizer output's file
+    assert run["metrics"]["downstream_interval"] == 32
+    assert run["metrics"]["downstream_benchmarks"] == str(recipe.input_root / "benchmarks")
     assert run["checkpoint"] == {"interval_steps": 32, "keep_last": 2, "remote": str(tmp_path / "store"),
                                  "run_name": vkey, "local_dir": str(tmp_path / "work" / "training" / "main" / vkey / "checkpoints")}
     assert run["output_dir"] == str(tmp_path / "work" / "training" / "main" / vkey / "out")
