@@ -166,7 +166,7 @@ class Factory:
                 node = graph.get(key)
                 partitions = (node.partitions_def.get_partition_keys(dynamic_partitions_store=self.instance)
                               if node.is_partitioned else [None])
-                causes = {_describe_cause(c) for p in partitions for c in resolver.get_stale_root_causes(key, p)}
+                causes = {_describe_cause(c, key) for p in partitions for c in resolver.get_stale_root_causes(key, p)}
                 cause = "; ".join(sorted(causes))
             else:
                 cause = "-"
@@ -242,7 +242,7 @@ class Factory:
             raise UsageError(str(exc)) from None
 
 
-def _describe_cause(cause) -> str:
+def _describe_cause(cause, key) -> str:
     reason = cause.reason
     if cause.dependency is not None:
         reason += f" ({cause.dependency.asset_key.to_user_string()})"
