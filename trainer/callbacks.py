@@ -276,7 +276,8 @@ class MetricsCallback(Callback):
                 last or (cfg.metrics.eval_interval and st.step % cfg.metrics.eval_interval == 0)):
             trainer.metrics.log_eval(step=st.step, losses=trainer.evaluate())
         every = cfg.metrics.downstream_interval
-        if every and (last or st.step % every == 0) and self._downstream(trainer):
+        # Built at the first step (a missing benchmark file fails the run then, not after the first interval).
+        if every and self._downstream(trainer) and (last or st.step % every == 0):
             began = time.perf_counter()
             trainer.module.engine.eval()
             try:
