@@ -17,6 +17,9 @@ SEL is a comma-separated list of asset key paths or fnmatch patterns (`curation/
 `+` adds everything the matched assets depend on (`+tokenization/math/packed`).
 Runs go to the persistent Dagster instance under PRETRAIN_HOME, so `make ui` shows them.
 Errors go to stderr with a non-zero exit status.
+
+Long because it is every `pretrain` command's parser and handler in one file, each handler a thin call into the
+asset layer or the planner: one place to read what the command line offers.
 """
 
 from __future__ import annotations
@@ -244,6 +247,8 @@ class Factory:
 
 def _describe_cause(cause, key) -> str:
     reason = cause.reason
+    if cause.asset_key != key:  # a root cause upstream: "curation/web/inputs has a new data version"
+        reason = f"{cause.asset_key.to_user_string()} {reason}"
     if cause.dependency is not None:
         reason += f" ({cause.dependency.asset_key.to_user_string()})"
     return reason
