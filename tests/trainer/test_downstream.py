@@ -80,3 +80,28 @@ def test_a_bad_downstream_setting_is_refused_naming_the_field(tmp_path):
     with pytest.raises(ValueError, match="metrics.downstream_limit"):
         from_dict(RunConfig, run_dict(tmp_path, metrics={"downstream_limit": 0}))
 
+
+
+@pytest.mark.slow  # a 2-rank trainer run (torchrun, gloo)
+def test_under_zero3_every_rank_runs_the_same_forwards_and_the_run_goes_on(tmp_path):
+    """ZeRO-3 gathers each layer's weights from every rank at every forward: unequal shares would hang."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    from tests.trainer.conftest import write_run
+
+    # 5 lambada items are 5 requests, an odd number: the second rank's share is padded to the first's length.
+    metrics = {**DOWNSTREAM, "downstream_tasks": ["lambada", "piqa"], "downstream_limit": 5, "tensorboard": False}
+    run = write_run(tmp_path / "run.json", train_tokens=4 * 8 * 64, deepspeed={"zero_stage": 3, "bf16": True},
+                    metrics={"log_interval": 1, "eval_batches": 1, **metrics})
+    torchrun = (os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc_per_node", "2")
+    result = subprocess.run([*torchrun, "-m", "trainer", "--config", str(run)], cwd=REPO, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    records = read_metrics(tmp_path / "out")
+    downstream = [r for r in records if r["event"] == "downstream"]
+    assert [r["step"] for r in downstream] == [2, 4]
+    assert all(t["n"] == 5 for r in downstream for t in r["tasks"].values())
+    assert [r["step"] for r in records if r["event"] == "train"] == [1, 2, 3, 4]
