@@ -88,3 +88,31 @@ def test_the_fp32_weights_of_a_bf16_zero1_checkpoint_are_its_master_weights(tmp_
     for name, param in params.items():
         assert weights[name].dtype == torch.float32
         assert torch.equal(weights[name], safe_get_full_fp32_param(param)), name
+
+
+@pytest.mark.slow  # a 2-rank trainer run (torchrun, gloo)
+def test_the_fp32_weights_of_a_two_rank_bf16_zero1_checkpoint_round_to_its_bf16_weights(tmp_path):
+    """Each rank's shard holds a slice of the flat fp32 masters: put together in rank order, they round to exactly
+    the bf16 weights the model computed with (the optimizer's copy back to the model is that rounding)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    from tests.trainer.conftest import write_run
+    from trainer.engine import zero_fp32_weights
+
+    run = write_run(tmp_path / "run.json", train_tokens=2 * 8 * 64, deepspeed={"zero_stage": 1, "bf16": True},
+                    metrics={"eval_batches": 0, "tensorboard": False})
+    torchrun = (os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc_per_node", "2")
+    result = subprocess.run([*torchrun, "-m", "trainer", "--config", str(run)], cwd=REPO, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ds = tmp_path / "out" / "checkpoints" / "step-00000002" / "ds"
+    assert len(list(ds.glob("bf16_zero_pp_rank_*_optim_states.pt"))) == 2
+    weights = zero_fp32_weights(ds)
+    module = torch.load(ds / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
+    assert set(weights) == set(module)
+    for name, bf16 in module.items():
+        assert bf16.dtype == torch.bfloat16 and torch.equal(weights[name].to(torch.bfloat16), bf16), name
+    assert any(not torch.equal(weights[name], bf16.float()) for name, bf16 in module.items())  # fp32, not the copies
