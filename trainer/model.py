@@ -97,8 +97,9 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
 
-    def forward(self, x, cos, sin, mask):
-        """mask: None (plain causal), a (B, 1, T, T) bool tensor for SDPA, or a FlexAttention BlockMask."""
+    def forward(self, x, cos, sin, mask, sp=None):
+        """mask: None (plain causal), a (B, 1, T, T) bool tensor for SDPA, or a FlexAttention BlockMask (of the
+        whole sequence under sequence parallelism `sp`, where x holds this rank's T/k positions)."""
         B, T, _ = x.shape
         hd = self.cfg.head_dim
         q = self.wq(x).view(B, T, self.cfg.n_heads, hd).transpose(1, 2)  # (B, H, T, hd)
@@ -107,14 +108,25 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        gqa = self.cfg.kv_heads != self.cfg.n_heads
-        if mask is not None and not isinstance(mask, torch.Tensor):
-            y = _flex_attention(q, k, v, mask)
-        elif mask is not None:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        return self.wo(y.transpose(1, 2).reshape(B, T, -1))
+        if sp is not None:  # Ulysses: (B, T/k, H, hd) -> attention on H/k heads of the whole sequence -> back
+            y = sp.attention(_attention_bthd)(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0, None, mask)
+            return self.wo(y.reshape(B, T, -1))
+        return self.wo(_attention(q, k, v, mask).transpose(1, 2).reshape(B, T, -1))
+
+
+def _attention(q, k, v, mask):
+    """q (B, H, T, hd), k and v (B, KV, T, hd) -> (B, H, T, hd); mask as Attention.forward's."""
+    gqa = q.shape[1] != k.shape[1]
+    if mask is not None and not isinstance(mask, torch.Tensor):
+        return _flex_attention(q, k, v, mask)
+    if mask is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+
+
+def _attention_bthd(q, k, v, mask):
+    """_attention on (B, T, heads, hd) tensors, the layout DeepSpeed's Ulysses attention hands over."""
+    return _attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask).transpose(1, 2)
 
 
 class SwiGLU(nn.Module):
@@ -136,22 +148,22 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, x, cos, sin, mask, recompute: str = "none"):
+    def forward(self, x, cos, sin, mask, recompute: str = "none", sp=None):
         """recompute: "none"; "block": this block's activations are recomputed in backward; "attention": only
         its attention half's (non-reentrant torch checkpointing: the same ops again, so the same gradients)."""
         if recompute == "block":
-            return checkpoint(self._forward, x, cos, sin, mask, use_reentrant=False)
+            return checkpoint(self._forward, x, cos, sin, mask, sp, use_reentrant=False)
         if recompute == "attention":
-            x = x + checkpoint(self._attention, x, cos, sin, mask, use_reentrant=False)
+            x = x + checkpoint(self._attention, x, cos, sin, mask, sp, use_reentrant=False)
         else:
-            x = x + self._attention(x, cos, sin, mask)
+            x = x + self._attention(x, cos, sin, mask, sp)
         return x + self.mlp(self.mlp_norm(x))
 
-    def _attention(self, x, cos, sin, mask):
-        return self.attn(self.attn_norm(x), cos, sin, mask)
+    def _attention(self, x, cos, sin, mask, sp=None):
+        return self.attn(self.attn_norm(x), cos, sin, mask, sp)
 
-    def _forward(self, x, cos, sin, mask):
-        x = x + self._attention(x, cos, sin, mask)
+    def _forward(self, x, cos, sin, mask, sp=None):
+        x = x + self._attention(x, cos, sin, mask, sp)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -163,6 +175,9 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        # Set by the trainer when a group of ranks splits each sequence (trainer/sequence_parallel.py): the inputs
+        # are then this rank's T/k positions.
+        self.sequence_parallel = None
         self.reset_parameters()
 
     @torch.no_grad()
@@ -179,16 +194,21 @@ class Transformer(nn.Module):
         """tokens (B, T) -> logits (B, T, V). doc_ids (B, T) confine attention to each document;
         positions (B, T) are RoPE positions (default 0..T-1, or per document when doc_positions)."""
         B, T = tokens.shape
+        sp = self.sequence_parallel
         if positions is None or not self.cfg.doc_positions:
-            positions = torch.arange(T, device=tokens.device).expand(B, T)
+            start = sp.offset(T) if sp is not None else 0
+            positions = torch.arange(start, start + T, device=tokens.device).expand(B, T)
         cos, sin = rope_angles(positions, self.cfg.head_dim, self.cfg.rope_base)
         use_flex = self.cfg.attention == "flex" or (self.cfg.attention == "auto" and tokens.is_cuda)
         mask = None
         if doc_ids is not None:
-            mask = flex_document_mask(doc_ids) if use_flex else document_causal_mask(doc_ids)
+            whole = sp.full(doc_ids) if sp is not None else doc_ids  # attention sees the whole sequence
+            mask = flex_document_mask(whole) if use_flex else document_causal_mask(whole)
+        elif sp is not None:  # plain causal over the whole sequence: one document
+            mask = document_causal_mask(torch.zeros(B, T * sp.size, dtype=torch.long, device=tokens.device))
         x = self.tok_emb(tokens)  # (B, T, C)
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, mask, recompute=self.recompute(i) if torch.is_grad_enabled() else "none")
+            x = block(x, cos, sin, mask, recompute=self.recompute(i) if torch.is_grad_enabled() else "none", sp=sp)
         return self.head(self.norm(x))  # (B, T, V)
 
     def recompute(self, layer: int) -> str:
