@@ -473,8 +473,8 @@ def _training_stages(recipe) -> tuple[list[tuple], dict[str, dict]]:
     configs = recipe.training.run_configs()
     stages = [(name, ModelShape.from_model_config(cfg.model, seq_len=cfg.batch.seq_len), float(cfg.train_tokens))
               for name, cfg in configs]
-    return stages, {name: {"micro_batch": cfg.batch.micro_batch, "recompute": cfg.model.activation_checkpointing}
-                    for name, cfg in configs}
+    return stages, {name: {"micro_batch": cfg.batch.micro_batch, "recompute": cfg.model.activation_checkpointing,
+                           "sequence_parallel": cfg.batch.sequence_parallel} for name, cfg in configs}
 
 
 if __name__ == "__main__":

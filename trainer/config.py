@@ -146,8 +146,14 @@ class BatchConfig(_Config):
     # over the first ramp_tokens tokens. Multiples keep every step's batch independent of the world size.
     ramp_start: int | None = None
     ramp_tokens: int = 0
+    # Sequence parallelism (DeepSpeed Ulysses, trainer/sequence_parallel.py): every `sequence_parallel`
+    # consecutive ranks split each sequence of their micro-batch, for contexts one device cannot hold.
+    sequence_parallel: int = 1
 
     def _check(self) -> None:
+        if self.sequence_parallel < 1 or self.seq_len % self.sequence_parallel:
+            raise ValueError(f"batch.sequence_parallel ({self.sequence_parallel}) must be >= 1 and divide "
+                             f"batch.seq_len ({self.seq_len})")
         for name in ("global_batch", "micro_batch", "seq_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"batch.{name} must be >= 1, got {getattr(self, name)}")
@@ -161,7 +167,12 @@ class BatchConfig(_Config):
                 raise ValueError(f"batch.ramp_tokens must be >= 0, got {self.ramp_tokens}")
 
     def check_world(self, world_size: int) -> None:
-        """Every batch the run will use must split into whole micro-batches on every rank."""
+        """Every batch the run will use must split into whole micro-batches on every data-parallel rank (the ranks
+        of a sequence-parallel group share theirs)."""
+        if world_size % self.sequence_parallel:
+            raise ValueError(f"batch.sequence_parallel ({self.sequence_parallel}) must divide the world size "
+                             f"({world_size})")
+        world_size //= self.sequence_parallel
         unit = self.micro_batch * world_size
         smallest = self.ramp_start if self.ramp_start is not None else self.global_batch
         if smallest % unit:

@@ -66,10 +66,12 @@ def deepspeed_config(cfg: RunConfig, world_size: int, *, load_universal: bool = 
     b.check_world(world_size)
     assert isinstance(cfg.deepspeed.bf16, bool), "resolve deepspeed.bf16 first (trainer.precision)"
     own_clip = _gate_clips(cfg)
+    # DeepSpeed counts every rank as data-parallel, the ranks of a sequence-parallel group too (they average
+    # their gradients like any others): its batch counts each sequence once per rank of a group.
     config = {
-        "train_batch_size": b.global_batch,
+        "train_batch_size": b.global_batch * b.sequence_parallel,
         "train_micro_batch_size_per_gpu": b.micro_batch,
-        "gradient_accumulation_steps": b.global_batch // (b.micro_batch * world_size),
+        "gradient_accumulation_steps": b.global_batch * b.sequence_parallel // (b.micro_batch * world_size),
         "gradient_clipping": 0.0 if own_clip else cfg.optim.grad_clip,
         "bf16": {"enabled": cfg.deepspeed.bf16},
         "zero_optimization": {"stage": cfg.deepspeed.zero_stage},

@@ -175,9 +175,6 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        # Set by the trainer when a group of ranks splits each sequence (trainer/sequence_parallel.py): the inputs
-        # are then this rank's T/k positions.
-        self.sequence_parallel = None
         self.reset_parameters()
 
     @torch.no_grad()
@@ -190,11 +187,12 @@ class Transformer(nn.Module):
                 continue  # norm gains stay 1
             nn.init.normal_(p, mean=0.0, std=out_std if name.endswith(("attn.wo.weight", "mlp.w2.weight")) else std)
 
-    def forward(self, tokens, doc_ids=None, positions=None):
+    def forward(self, tokens, doc_ids=None, positions=None, sp=None):
         """tokens (B, T) -> logits (B, T, V). doc_ids (B, T) confine attention to each document;
-        positions (B, T) are RoPE positions (default 0..T-1, or per document when doc_positions)."""
+        positions (B, T) are RoPE positions (default 0..T-1, or per document when doc_positions).
+        sp: a SequenceParallel group (trainer/sequence_parallel.py) whose ranks split each sequence; the inputs
+        are then this rank's T/k positions of it."""
         B, T = tokens.shape
-        sp = self.sequence_parallel
         if positions is None or not self.cfg.doc_positions:
             start = sp.offset(T) if sp is not None else 0
             positions = torch.arange(start, start + T, device=tokens.device).expand(B, T)
@@ -241,7 +239,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.transformer = Transformer(cfg)
 
-    def forward(self, inputs, targets, doc_ids=None, positions=None):
-        logits = self.transformer(inputs, doc_ids=doc_ids, positions=positions)
+    def forward(self, inputs, targets, doc_ids=None, positions=None, sp=None):
+        logits = self.transformer(inputs, doc_ids=doc_ids, positions=positions, sp=sp)
         loss, ce = lm_loss(logits, targets, self.transformer.cfg.z_loss)
         return loss, ce.detach()

@@ -1,9 +1,8 @@
 """Sequence parallelism for long contexts: DeepSpeed Ulysses over a group of k ranks that share one batch.
 
     sp = SequenceParallel.over(group)                      # k = the group's size; None when k = 1
-    model.transformer.sequence_parallel = sp
-    tokens, doc_ids, positions = sp.local(tokens), sp.local(doc_ids), sp.local(positions)   # T -> T/k each
-    loss, _ = model(tokens[:, :-1], ...)                   # each rank: its T/k positions of every sequence
+    loss, _ = model(sp.local(inputs), sp.local(targets), doc_ids=sp.local(doc_ids), positions=sp.local(positions),
+                    sp=sp)                                 # each rank: its T/k positions of every sequence
 
 Each rank of the group holds T/k consecutive positions of the same sequences. Everything but attention is
 per position, so it runs on the local slice as it is; RoPE takes each position's own index (restarting at each
@@ -58,3 +57,25 @@ class SequenceParallel:
         from deepspeed.sequence.layer import DistributedAttention
 
         return DistributedAttention(local_attention, self.group, scatter_idx=2, gather_idx=1)
+
+
+def sequence_groups(world_size: int, rank: int, size: int) -> SequenceParallel | None:
+    """This rank's group when every `size` consecutive ranks split each sequence (None for size 1). Consecutive:
+    a launcher places them on one node, where the all-to-all of every layer is cheapest. Every rank creates every
+    group, as torch.distributed requires."""
+    if size == 1:
+        return None
+    if world_size % size:
+        raise ValueError(f"batch.sequence_parallel ({size}) must divide the world size ({world_size})")
+    mine = None
+    for first in range(0, world_size, size):
+        ranks = list(range(first, first + size))
+        group = dist.new_group(ranks)
+        if rank in ranks:
+            mine = SequenceParallel(group=group, size=size, rank=rank - first)
+    return mine
+
+
+def data_parallel(rank: int, world_size: int, size: int) -> tuple[int, int]:
+    """(data-parallel rank, data-parallel size): the ranks of a sequence group read the same samples."""
+    return rank // size, world_size // size

@@ -26,6 +26,7 @@ from trainer.config import RunConfig
 from trainer.engine import Dist, build_engine
 from trainer.health import GradientProbe
 from trainer.model import CausalLM
+from trainer.sequence_parallel import data_parallel, sequence_groups
 
 
 def to_device(batch: dict, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -56,6 +57,9 @@ class TrainModule:
         self.probe = GradientProbe(self.model)
         self.engine = self.optimizer = self.grad_norm = None
         self.batch_size = cfg.batch.global_batch  # what the DeepSpeed engine is configured for
+        # Sequence parallelism: this rank's group, and the data-parallel coordinates that choose its samples.
+        self.sp = sequence_groups(dist.world_size, dist.rank, cfg.batch.sequence_parallel)
+        self.dp_rank, self.dp_size = data_parallel(dist.rank, dist.world_size, cfg.batch.sequence_parallel)
 
     def build_engine(self, *, load_universal: bool = False) -> None:
         """The engine must know before it is built whether it loads shards of another world size."""
@@ -65,7 +69,8 @@ class TrainModule:
 
     def set_batch_size(self, batch: int) -> None:
         if batch != self.batch_size:
-            self.engine.set_train_batch_size(batch)  # changes only the gradient-accumulation steps
+            # Changes only the gradient-accumulation steps (DeepSpeed counts a sequence per sequence-parallel rank).
+            self.engine.set_train_batch_size(batch * self.cfg.batch.sequence_parallel)
             self.batch_size = batch
 
     def forward(self, batch: dict, *, last: bool) -> torch.Tensor:
@@ -74,6 +79,10 @@ class TrainModule:
         # DeepSpeed counts micro-steps over the whole run, so after a ramp changes the accumulation
         # its own boundary would fall mid-step: say where the boundary is.
         self.engine.set_gradient_accumulation_boundary(last)
+        if self.sp is not None:  # this rank's T/k positions of each sequence; its loss is their mean
+            inputs, targets, doc_ids, positions = (self.sp.local(t) for t in (inputs, targets, doc_ids, positions))
+            loss, _ = self.engine(inputs, targets, doc_ids, positions, sp=self.sp)
+            return loss
         loss, _ = self.engine(inputs, targets, doc_ids, positions)
         return loss
 

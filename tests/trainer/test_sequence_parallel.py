@@ -9,8 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.config import ModelConfig
-from trainer.model import Transformer
 
 REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
@@ -40,5 +38,29 @@ def test_a_sequence_not_divisible_by_the_group_is_refused():
     assert torch.equal(sp.local(torch.arange(8)[None]), torch.arange(4, 8)[None])
     with pytest.raises(ValueError, match="sequence length 7 is not divisible by 2"):
         sp.local(torch.arange(7)[None])
-    model = Transformer(ModelConfig(vocab_size=8, d_model=8, n_layers=1, n_heads=2))
-    assert model.sequence_parallel is None  # unsplit unless the trainer sets a group
+
+
+@pytest.mark.slow  # a 2-rank trainer under torchrun and a 1-rank one, per ZeRO stage: ~a minute on 2 cores
+@pytest.mark.parametrize("zero_stage", [1, 3])
+def test_a_trainer_whose_two_ranks_split_each_sequence_trains_as_one_rank(tmp_path, zero_stage):
+    """batch.sequence_parallel 2 on 2 ranks (one data-parallel rank) against 1 rank on the same samples: the same
+    losses step by step (fp32), with ZeRO sharding over both ranks of the group."""
+    from tests.trainer.conftest import read_metrics, run_dict
+
+    def run(name: str, ranks: int) -> list[float]:
+        settings = run_dict(tmp_path / name, train_tokens=4 * 4 * 64, deepspeed={"zero_stage": zero_stage, "bf16": False},
+                            batch={"global_batch": 4, "micro_batch": 2, "seq_len": 64, "sequence_parallel": ranks},
+                            metrics={"log_interval": 1, "eval_batches": 0, "tensorboard": False},
+                            checkpoint={"save_final": False})
+        config = tmp_path / f"{name}.json"
+        config.write_text(json.dumps(settings))
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+        launcher = [TORCHRUN, "--standalone", "--nproc_per_node", str(ranks)] if ranks > 1 else [sys.executable]
+        done = subprocess.run([*launcher, "-m", "trainer", "--config", str(config)], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return [r["loss"] for r in read_metrics(tmp_path / name) if r.get("event") == "train"]
+
+    split, whole = run("split", 2), run("whole", 1)
+    assert len(whole) == 4
+    assert split == pytest.approx(whole, rel=1e-5)

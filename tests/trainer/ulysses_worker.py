@@ -44,9 +44,8 @@ def main(out: str, attention: str) -> None:
     model.zero_grad(set_to_none=True)
 
     sp = SequenceParallel.over(dist.group.WORLD)
-    model.transformer.sequence_parallel = sp
     with grad:
-        local, _ = model(sp.local(inputs), sp.local(targets), doc_ids=sp.local(docs), positions=sp.local(pos))
+        local, _ = model(sp.local(inputs), sp.local(targets), doc_ids=sp.local(docs), positions=sp.local(pos), sp=sp)
     if local.requires_grad:
         local.backward()
     split_loss = local.detach().clone()
@@ -60,7 +59,7 @@ def main(out: str, attention: str) -> None:
         dist.all_reduce(g)
         grads[name] = g / sp.size  # what DeepSpeed's averaging over the group gives
     with torch.no_grad():
-        part = model.transformer(sp.local(inputs), doc_ids=sp.local(docs), positions=sp.local(pos))
+        part = model.transformer(sp.local(inputs), doc_ids=sp.local(docs), positions=sp.local(pos), sp=sp)
     parts = [torch.empty_like(part) for _ in range(sp.size)]
     dist.all_gather(parts, part)
     if dist.get_rank() == 0:
