@@ -62,6 +62,9 @@ class ModelConfig(_Config):
     # block (its norm, projections and attention), the MLP's activations kept.
     activation_checkpointing: Literal["none", "full", "selective"] = "none"
     checkpoint_every: int = 1
+    # torch.compile of every block (names and checkpoints unchanged); None: on CUDA only, where it pays for its
+    # compile time (on a CPU it costs more than a short run gains).
+    compile: bool | None = None
 
     def _check(self) -> None:
         if self.checkpoint_every < 1:

@@ -209,6 +209,12 @@ class Transformer(nn.Module):
             x = block(x, cos, sin, mask, recompute=self.recompute(i) if torch.is_grad_enabled() else "none", sp=sp)
         return self.head(self.norm(x))  # (B, T, V)
 
+    def compile_blocks(self) -> None:
+        """torch.compile each block in place (parameter names stay, so do checkpoints): fused kernels for the
+        norms, SwiGLU and RoPE, one compiled graph reused by every layer."""
+        for block in self.blocks:
+            block.compile(dynamic=False)
+
     def recompute(self, layer: int) -> str:
         """What block `layer` recomputes in backward (model.activation_checkpointing, checkpoint_every)."""
         mode = self.cfg.activation_checkpointing

@@ -81,7 +81,7 @@ class ModelShape:
     ALIASES = {"n_layers": "layers", "n_heads": "heads", "n_kv_heads": "kv_heads", "vocab_size": "vocab"}
     # ModelConfig settings that change neither the parameter count nor the FLOPs.
     NOT_SIZING = frozenset({"rope_base", "z_loss", "norm_eps", "init_std", "attention", "doc_positions",
-                            "activation_checkpointing", "checkpoint_every"})
+                            "activation_checkpointing", "checkpoint_every", "compile"})
 
     @classmethod
     def from_model_config(cls, model, *, seq_len: int) -> ModelShape:

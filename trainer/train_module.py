@@ -51,6 +51,8 @@ class TrainModule:
         self.cfg, self.dist = cfg, dist
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         self.model = CausalLM(cfg.model).to(dist.device)
+        if cfg.model.compile if cfg.model.compile is not None else dist.device.type == "cuda":
+            self.model.transformer.compile_blocks()
         # Callbacks' hooks on the new model go first (a test's gradient corruption must be seen by the probe).
         on_model(self.model)
         # This rank's own gradients (SDC check, per-layer health) are read by hooks on the model's parameters.

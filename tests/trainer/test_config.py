@@ -24,7 +24,7 @@ def error_of(data: dict, where: str = "") -> str:
 def test_an_unknown_field_is_refused_naming_its_path_and_the_known_ones():
     assert error_of({**BASE, "colour": "blue"}).startswith("colour: unknown field (known: batch, checkpoint, continue_from, data,")
     message = error_of({**BASE, "model": {"n_layer": 2}})
-    assert message.startswith("model.n_layer: unknown field (known: activation_checkpointing, attention, checkpoint_every, d_ff, d_model,")
+    assert message.startswith("model.n_layer: unknown field (known: activation_checkpointing, attention, checkpoint_every, compile, d_ff, d_model,")
     assert "n_layers" in message
     # The outermost typo first, as a reader fixes them.
     assert error_of({**BASE, "model": {"n_layer": 2}, "foo": 1}).startswith("foo: unknown field")

@@ -48,3 +48,23 @@ def test_bf16_training_on_cuda_with_nccl(tmp_path):
     train = [r for r in read_metrics(tmp_path / "out") if r["event"] == "train"]
     assert train and all(r["loss"] == r["loss"] for r in train)
     assert "bf16 peak" in train[-1]["peak"]  # an H100/H200/A100 from the device table
+
+
+def test_compiled_blocks_give_the_eager_models_loss_and_gradients_and_keep_parameter_names():
+    torch.manual_seed(0)
+    cfg = ModelConfig(**{**CFG.__dict__, "attention": "flex", "activation_checkpointing": "selective"})
+    from trainer.model import CausalLM
+
+    eager, compiled = CausalLM(cfg).cuda(), CausalLM(cfg).cuda()
+    compiled.load_state_dict(eager.state_dict())
+    compiled.transformer.compile_blocks()
+    assert [n for n, _ in compiled.named_parameters()] == [n for n, _ in eager.named_parameters()]
+    tokens = torch.randint(0, CFG.vocab_size, (2, 257), device="cuda")
+    doc_ids = torch.cat([torch.zeros(2, 100), torch.ones(2, 157)], dim=1).long().cuda()
+    for model in (eager, compiled):
+        loss, _ = model(tokens[:, :-1], tokens[:, 1:], doc_ids=doc_ids[:, :-1])
+        loss.backward()
+        model.loss = loss.detach()
+    torch.testing.assert_close(compiled.loss, eager.loss, rtol=1e-4, atol=1e-4)
+    for (name, p), q in zip(eager.named_parameters(), compiled.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-4, msg=name)
