@@ -150,3 +150,29 @@ def test_the_s3_crawl_example_reads_its_warcs_from_the_bucket(tmp_path, monkeypa
     assert main(["where", "--recipe", str(example), "curation/cc/raw_crawl"]) == 0
     manifest = yaml.safe_load(capsys.readouterr().out.split("\n", 1)[1])
     assert manifest["inputs"] == [f"s3://commoncrawl/{key}"] and manifest["counts"]["kept"] >= 1
+
+
+def test_the_gpu_1b_recipe_loads_and_plans_one_run_of_three_stages_that_fits_8_h100s(capsys):
+    """recipes/gpu-1b.yaml: ~1.1B parameters at 4k, main -> long_16k (Ulysses over 2 GPUs) -> anneal, each stage
+    continuing main's run; `pretrain plan` sizes it on 8 H100s without a warning."""
+    from assets.cli import main
+
+    example = DEMO_RECIPE.parent / "gpu-1b.yaml"
+    recipe = load_recipe(example)
+    configs = dict(recipe.training.run_configs())
+    assert list(configs) == ["main", "long_16k", "anneal"]
+    main_cfg, long_cfg = configs["main"], configs["long_16k"]
+    assert (main_cfg.batch.seq_len, main_cfg.batch.global_batch * main_cfg.batch.seq_len) == (4096, 2 ** 21)
+    assert (long_cfg.batch.seq_len, long_cfg.batch.sequence_parallel) == (16384, 2)
+    assert long_cfg.model.activation_checkpointing == "full" and long_cfg.optim.lr == main_cfg.optim.lr / 10
+    for cfg in configs.values():
+        cfg.batch.check_world(8)  # every stage's batch splits over 8 ranks
+    assert main(["plan", "--recipe", str(example), "--device", "h100", "--dp", "8", "--zero", "1", "--mfu", "0.45",
+                 "--price", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert "WARNING" not in out + err
+    assert "parameters          1,107,363,840 (1.11 B)" in out
+    # 6N + attention at 4k over 22B tokens at 45% of an H100's 989 TFLOP/s: ~113 GPU-hours, ~$227.
+    blocks = out.split("\n\n")
+    assert "GPU-hours           113 H100" in blocks[0] and "cost                $227" in blocks[0]
+    assert "sequence parallel 2" in blocks[1] and "recompute full" in blocks[1]
