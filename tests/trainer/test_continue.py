@@ -119,6 +119,59 @@ def test_a_continued_stage_resumes_from_its_own_checkpoints_and_init_from_does_n
         Trainer(_anneal(tmp_path / "bad", branch, model={"d_model": 32}))
 
 
+def test_a_stable_phase_and_its_anneal_are_one_wsd_schedule_at_every_token():
+    from trainer.config import ScheduleConfig
+    from trainer.optim import lr_at
+
+    stable, decay, warmup = 3000, 1000, 200
+    whole = ScheduleConfig(kind="wsd", warmup_tokens=warmup, decay_fraction=decay / (stable + decay), min_lr_ratio=0.1)
+    main = ScheduleConfig(kind="wsd", warmup_tokens=warmup, decay_fraction=0.0, min_lr_ratio=0.1)
+    anneal = ScheduleConfig(kind="wsd", warmup_tokens=0, decay_fraction=1.0, min_lr_ratio=0.1)
+    for t in range(1, stable + decay + 1, 7):
+        piece = (lr_at(t, peak_lr=2.0, train_tokens=stable, cfg=main) if t <= stable else
+                 lr_at(t, peak_lr=2.0, train_tokens=stable + decay, cfg=anneal, start_tokens=stable))
+        assert piece == pytest.approx(lr_at(t, peak_lr=2.0, train_tokens=stable + decay, cfg=whole), rel=1e-12), t
+        by_hand = 2.0 * t / warmup if t < warmup else 2.0 if t <= stable else 2.0 - 1.8 * (t - stable) / decay
+        assert piece == pytest.approx(by_hand, rel=1e-12), t
+    # A long-context stage's own warmup counts from where it starts, to its own (low) LR.
+    own = ScheduleConfig(kind="constant", warmup_tokens=100)
+    assert [lr_at(stable + t, peak_lr=0.5, train_tokens=stable + 500, cfg=own, start_tokens=stable)
+            for t in (25, 100, 400)] == [0.125, 0.5, 0.5]
+
+
 def test_continue_from_and_init_from_exclude_each_other(tmp_path):
     with pytest.raises(ValueError, match="init_from and continue_from: give one"):
         from_dict(RunConfig, run_dict(tmp_path, init_from="a/step-00000001", continue_from="a/step-00000001"))
+
+
+@pytest.mark.slow  # one 2-rank trainer under torchrun, then one rank here: ~a minute on 2 cores
+def test_an_anneal_on_one_rank_continues_a_two_rank_run_through_a_universal_checkpoint(tmp_path):
+    """The branch point of an uninterrupted 2-rank WSD run (its step 6: the stable phase ends there) continued on
+    one rank: DeepSpeed's universal checkpoint reshards the fp32 weights and Adam's moments, and the anneal's
+    steps are that run's own steps 7 and 8 (fp32: only the order of the sums differs)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    from trainer.train import Trainer
+
+    total = MAIN_STEPS + ANNEAL_STEPS
+    whole = _run(tmp_path / "whole", total * STEP_TOKENS,
+                 {"warmup_tokens": WARMUP, "decay_fraction": ANNEAL_STEPS / total},
+                 checkpoint={"interval_steps": MAIN_STEPS}, metrics={"eval_batches": 0, "tensorboard": False})
+    run_json = tmp_path / "whole.json"
+    run_json.write_text(json.dumps(whole.to_dict()))
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    done = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", "-m", "trainer",
+                           "--config", str(run_json)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    reference = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "whole") if r.get("event") == "train"}
+
+    branch = tmp_path / "whole" / "checkpoints" / f"step-{MAIN_STEPS:08d}"
+    anneal = Trainer(_anneal(tmp_path / "anneal", branch, metrics={"eval_batches": 0, "tensorboard": False}))
+    assert (anneal.state.step, anneal.state.tokens) == (MAIN_STEPS, MAIN_STEPS * STEP_TOKENS)
+    losses = anneal.fit()["losses"]
+    assert [e["universal"] for e in read_metrics(tmp_path / "anneal") if e.get("event") == "continued"] == [True]
+    assert losses == pytest.approx([reference[MAIN_STEPS + 1], reference[MAIN_STEPS + 2]], abs=1e-4)
