@@ -3,6 +3,7 @@ a tiny JSONL source in tmp_path (prepare's fingerprints, build's counts from the
 accounting), locally and from a real S3 server (moto)."""
 
 import gzip
+import hashlib
 import json
 import logging
 from types import SimpleNamespace
@@ -65,7 +66,8 @@ def test_hooks_on_a_tiny_jsonl_source(monkeypatch, tmp_path):
     spec = spec_of(monkeypatch, recipe, recipe.source("tiny"))
     inputs = prepared(spec, tmp_path)
     size = (tmp_path / "docs.jsonl").stat().st_size
-    assert inputs.fingerprints == [f"docs.jsonl:{size}"]
+    sha = hashlib.sha256((tmp_path / "docs.jsonl").read_bytes()).hexdigest()
+    assert inputs.fingerprints == [f"docs.jsonl:{size}:sha256:{sha}"]  # by content, not the name and size alone
     assert inputs.manifest == {"inputs": [str(tmp_path / "docs.jsonl")]}
     out = tmp_path / "out"
     out.mkdir()
@@ -132,8 +134,10 @@ def test_s3_inputs_fingerprint_and_read_like_local_ones(monkeypatch, tmp_path, s
         results.append((inputs, spec.build(inputs, tmp_path / f"out{run}"),
                         {p.name: p.read_bytes() for p in (tmp_path / f"out{run}").iterdir()}))
     (_, local_fields, local_files), (remote_inputs, remote_fields, remote_files) = results
-    etag = s3.client().head_object(Bucket=s3.bucket, Key="tiny/docs.jsonl")["ETag"].strip('"')
-    assert remote_inputs.fingerprints == [f"{url}:{(tmp_path / 'docs.jsonl').stat().st_size}:{etag}"]
+    head = s3.client().head_object(Bucket=s3.bucket, Key="tiny/docs.jsonl")
+    [printed] = remote_inputs.fingerprints  # URL, size, ETag, modification time: nothing downloaded
+    prefix = f"{url}:{(tmp_path / 'docs.jsonl').stat().st_size}:{head['ETag'].strip(chr(34))}:"
+    assert printed.startswith(prefix) and str(head["LastModified"].date()) in printed[len(prefix):]
     assert remote_inputs.manifest == {"inputs": [url]}
     assert remote_fields == local_fields and remote_files == local_files
 
