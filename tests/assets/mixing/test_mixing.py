@@ -1,4 +1,5 @@
-"""The mix sweep end to end: candidates as dynamic partitions, one real proxy run each, the fitted weights."""
+"""The mix sweep end to end: candidates as dynamic partitions, one real proxy run each, the fitted weights; then a
+scheduled tick's new candidates, trained too, and the weights refitted over the runs of both draws."""
 
 import json
 
@@ -27,7 +28,7 @@ def write_recipe(path, proxy_tokens: int = PROXY["train_tokens"]):
     for stage in ("long_context", "anneal"):  # the proxy is training.main with mixing.proxy over it
         raw["training"].pop(stage, None)
     raw["mixing"] = {"prior": {"c4": 0.5, "math": 0.5}, "candidates": 3, "concentration": 4.0, "target": "average",
-                     "proxy": {**PROXY, "train_tokens": proxy_tokens}}
+                     "proxy": {**PROXY, "train_tokens": proxy_tokens}, "schedule": "0 3 * * 0"}
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
 
 
@@ -47,7 +48,7 @@ def status(capsys) -> dict[str, str]:
     return {k: v for k, v in rows.items() if not k.startswith(("training/", "evaluation/"))}
 
 
-@pytest.mark.slow  # ~1-2 min: the curation chain of two small sources, then three proxy trainings
+@pytest.mark.slow  # ~2-3 min: the curation chain of two small sources, then nine proxy trainings
 def test_the_sweep_trains_one_proxy_per_candidate_and_fits_the_weights(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
@@ -85,3 +86,36 @@ def test_the_sweep_trains_one_proxy_per_candidate_and_fits_the_weights(tmp_path,
         assert metadata(instance, AssetKey(["mixing", "mix_sweep"]), name)["target_loss"] != before[name]
     summary = json.dumps(metadata(instance, AssetKey(["mixing", "mixture_weights"]))["swept"])
     assert all(name in summary for name in partitions)
+
+    # A scheduled tick draws three new candidates (the run the schedule requests, tagged with the tick); the next
+    # materialize trains only them (the earlier runs are reused) and fits the weights over all six.
+    from datetime import datetime, timezone
+
+    from dagster import build_schedule_context
+
+    from assets.definitions import build_defs
+    from assets.recipe import load_recipe
+    from storage.manifest import read_manifest
+
+    defs = build_defs(load_recipe(recipe))
+    store = defs.resources["store"].open()
+
+    def built_by(name) -> str:  # the run that built the partition's committed output
+        return read_manifest(store, metadata(instance, AssetKey(["mixing", "mix_sweep"]), name)["prefix"])["run_id"]
+
+    built = {name: built_by(name) for name in partitions}
+    [request] = defs.resolve_schedule_def("mix_sweep_schedule").evaluate_tick(build_schedule_context(
+        instance=instance, scheduled_execution_time=datetime(2026, 12, 6, 3, tzinfo=timezone.utc),
+        repository_def=defs.get_repository_def())).run_requests
+    assert defs.resolve_job_def(request.job_name or "mix_sweep_schedule_job").execute_in_process(
+        instance=instance, tags=request.tags).success
+    tick = metadata(instance, AssetKey(["mixing", "mix_candidates"]))["draws"]["2026-12-06T03:00Z"]
+    assert len(tick) == 3 and not set(tick) & set(partitions)
+    assert main(["materialize", "--select", "+mixing/mixture_weights"]) == 0
+    assert {name: built_by(name) for name in partitions} == built  # reused, not trained again
+    chosen = metadata(instance, AssetKey(["mixing", "mixture_weights"]))
+    assert set(chosen["swept"]) == set(partitions) | set(tick) and chosen["fit_runs"] == 6
+    assert chosen["runs_per_draw"] == {"base": 3, "2026-12-06T03:00Z": 3} and chosen["pending"] == []
+    # 6 runs over 2 sources: as many as the quadratic model's features (1 + 2 + 3), so no fallback now.
+    assert (chosen["fit_model"], chosen["fit_features"]) == ("quadratic", 6)
+    assert set(status(capsys).values()) == {"fresh"}
