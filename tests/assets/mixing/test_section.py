@@ -45,8 +45,10 @@ def test_proxy_settings_are_main_with_the_proxy_over_it_and_no_checkpoints():
     assert "launch" not in settings
     assert settings["train_tokens"] == RAW["mixing"]["proxy"]["train_tokens"] == 65536
     assert settings["model"] == {**main["model"], "n_layers": 1}
-    for field in ("optim", "schedule", "batch", "deepspeed", "metrics"):
+    for field in ("optim", "schedule", "batch", "deepspeed"):
         assert settings[field] == main[field]
+    # The proxy reports its validation loss only: no downstream evaluation during its short run.
+    assert settings["metrics"] == {**main["metrics"], "downstream_interval": 0} != main["metrics"]
     assert settings["checkpoint"] == {**main["checkpoint"], "interval_steps": 0, "save_final": False, "resume": False}
     # How the proxy starts: main's launch (the proxy gives none), not in its settings.
     assert proxy_launch(recipe).overrides() == main["launch"] == {"max_restarts": 2}
@@ -57,7 +59,8 @@ def test_each_section_holds_what_decides_its_output():
     section = mixing_section(recipe)
     assert section["proxy"] == proxy_settings(recipe)
     assert "schedule" not in section["mixing"] and "status" not in section["mixing"]
-    assert section["mixing"]["proxy"] == {"train_tokens": 65536, "model": {"n_layers": 1}}
+    assert section["mixing"]["proxy"] == {"train_tokens": 65536, "model": {"n_layers": 1},
+                                          "metrics": {"downstream_interval": 0}}
     assert draw_section(recipe) == {"prior": RAW["mixing"]["prior"], "candidates": 4, "concentration": 8.0, "seed": 0}
     assert weights_section(recipe) == {k: v for k, v in section["mixing"].items() if k != "proxy"}
     assert weights_section(recipe)["target"] == "average"
