@@ -36,7 +36,8 @@ def write_recipe(path, main_steps=6):
     raw["training"] = {
         "main": {"train_tokens": main_steps * 8 * 64, "model": MODEL, "batch": BATCH, "optim": {"lr": 3e-3},
                  "deepspeed": {"zero_stage": 1, "bf16": "auto"},
-                 "metrics": {"log_interval": 1, "eval_batches": 1, "tensorboard": False},
+                 "metrics": {"log_interval": 1, "eval_batches": 1, "tensorboard": False, "downstream_interval": 3,
+                             "downstream_tasks": ["arc_easy"], "downstream_limit": 4},
                  "checkpoint": {"interval_steps": 2, "keep_last": 2}},
         "long_context": [{"name": "long_128", "train_tokens": 2 * 4 * 128, "model": {"rope_base": 50000.0},
                           "batch": {"seq_len": 128, "global_batch": 4, "micro_batch": 4}, "min_doc_tokens": 200}],
@@ -73,6 +74,8 @@ def test_every_stage_trains_from_the_one_before_and_is_evaluated(tmp_path, monke
         assert manifest["precision"]["dtype"] == meta["precision"] in ("bf16", "fp32")
         assert meta["precision_reason"] == manifest["precision"]["reason"]
         assert "data:image/png;base64," in meta["loss_curve"]
+        # Zero-shot arc_easy during training (every 3 steps and at the end), plotted against tokens.
+        assert "data:image/png;base64," in meta["zero_shot_curve"]
         assets = [r["asset"] for r in manifest["lineage"]]
         assert {"tokenization/math/packed", "tokenization/tokenizer", "curation/math/raw_crawl"} <= set(assets)
     # Each later stage starts from the one before: its checkpoint names the previous stage's final step.
