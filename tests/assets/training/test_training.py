@@ -1,5 +1,6 @@
-"""Training stages as assets on a small recipe: main -> long-context -> anneal -> evaluation, through the
-launcher resource, checkpointing to the store; a killed main run resumes from its last checkpoint."""
+"""Training stages as assets on a small recipe: main -> long-context -> anneal -> evaluation, each continuing the
+run before (continue_from), through the launcher resource, checkpointing to the store; a killed main run
+resumes from its last checkpoint."""
 
 import json
 import os
@@ -39,9 +40,10 @@ def write_recipe(path, main_steps=6):
                  "metrics": {"log_interval": 1, "eval_batches": 1, "tensorboard": False, "downstream_interval": 3,
                              "downstream_tasks": ["arc_easy"], "downstream_limit": 4},
                  "checkpoint": {"interval_steps": 2, "keep_last": 2}},
-        "long_context": [{"name": "long_128", "train_tokens": 2 * 4 * 128, "model": {"rope_base": 50000.0},
+        "long_context": [{"name": "long_128", "continue_from": "main", "train_tokens": 2 * 4 * 128,
+                          "model": {"rope_base": 50000.0}, "optim": {"lr": 3e-4},
                           "batch": {"seq_len": 128, "global_batch": 4, "micro_batch": 4}, "min_doc_tokens": 200}],
-        "anneal": {"train_tokens": 2 * 4 * 128, "weights": {"math": 1.0},
+        "anneal": {"continue_from": "long_128", "train_tokens": 2 * 4 * 128, "weights": {"math": 1.0},
                    "schedule": {"kind": "wsd", "decay_fraction": 1.0, "min_lr_ratio": 0.0}},
     }
     raw["evaluation"] = {"tasks": ["arc_easy", "lambada"], "limit": 4, "val_sequences": 4, "canary_sequences": 2}
@@ -64,7 +66,8 @@ def test_every_stage_trains_from_the_one_before_and_is_evaluated(tmp_path, monke
 
     store = build_resources()["store"].open()
     stages = {name: metadata(f"training/{name}") for name in ("main", "long_128", "anneal")}
-    assert [stages[n]["steps"] for n in ("main", "long_128", "anneal")] == [6, 2, 2]
+    # Each continues the run before it: the step count goes on (6 of main, then 2 steps each).
+    assert [stages[n]["steps"] for n in ("main", "long_128", "anneal")] == [6, 8, 10]
     for name, meta in stages.items():
         prefix = meta["checkpoint"].split("/store/", 1)[1]  # file://…/store/checkpoints/<stage>/<vkey>/step-N
         manifest = json.loads(store.get_bytes(f"{prefix}/manifest.json"))
@@ -78,10 +81,13 @@ def test_every_stage_trains_from_the_one_before_and_is_evaluated(tmp_path, monke
         assert "data:image/png;base64," in meta["zero_shot_curve"]
         assets = [r["asset"] for r in manifest["lineage"]]
         assert {"tokenization/math/packed", "tokenization/tokenizer", "curation/math/raw_crawl"} <= set(assets)
-    # Each later stage starts from the one before: its checkpoint names the previous stage's final step.
+    # Each later stage continues the one before: its checkpoint names the previous stage's final step, and its
+    # tokens count on from there.
     long_run = json.loads(store.get_bytes(
         stages["long_128"]["checkpoint"].split("/store/", 1)[1] + "/manifest.json"))
-    assert long_run["config"]["init_from"] == stages["main"]["checkpoint"]
+    assert long_run["config"]["continue_from"] == stages["main"]["checkpoint"]
+    assert long_run["config"]["init_from"] is None
+    assert long_run["tokens"] == 6 * 8 * 64 + 2 * 4 * 128
     assert long_run["config"]["batch"]["seq_len"] == 128 and long_run["config"]["model"]["rope_base"] == 50000.0
     assert long_run["config"]["data"]["min_doc_tokens"] == 200  # only long documents
     assert [r["asset"] for r in long_run["lineage"]][0] == "training/main"
