@@ -6,6 +6,9 @@
 unknown keys are refused so a typo never silently falls back to a default, and nothing is coerced ("2" is
 not 2, 1 is not true). Sizes of the training run are in tokens (`train_tokens`, `warmup_tokens`,
 `ramp_tokens`) so a batch-size ramp never changes the token schedule.
+
+Long because every section a run.json can hold is here with its checks, in one place to read, as the recipe's
+stages (assets/stages.py) validate against them; splitting it would scatter one schema over several files.
 """
 
 from __future__ import annotations
