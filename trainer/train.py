@@ -284,7 +284,6 @@ class Trainer:
         module.set_batch_size(B)
         accum = B // (micro * module.dp_size)
         st.skip_to(B)
-        # The ranks of a sequence-parallel group read the same samples (each keeps its T/k positions of them).
         indices = rank_indices(st.sample_index, B, module.dp_rank, module.dp_size)
         lr = lr_at(st.tokens + B * T, peak_lr=cfg.optim.lr, train_tokens=self.end_tokens, cfg=cfg.schedule,
                    start_tokens=st.start_tokens)
