@@ -17,22 +17,22 @@ MAIN_STEPS, ANNEAL_STEPS = 6, 2
 PEAK, FLOOR_RATIO, WARMUP = 3e-3, 0.1, 2 * STEP_TOKENS
 
 
-def _run(out, train_tokens: int, schedule: dict, **sections) -> RunConfig:
-    # fp32 under ZeRO 1 (the demo's stage): the optimizer state lives in DeepSpeed's ZeRO shards, and fp32
-    # makes a continued run equal to an uninterrupted one bit for bit.
+def _run(out, train_tokens: int, schedule: dict, bf16: bool = False, **sections) -> RunConfig:
+    # ZeRO 1 (the demo's stage): the optimizer state lives in DeepSpeed's ZeRO shards (BF16_Optimizer's under
+    # bf16). fp32 makes a continued run equal to an uninterrupted one bit for bit.
     return from_dict(RunConfig, run_dict(out, train_tokens=train_tokens, optim={"lr": PEAK},
                                          schedule={"kind": "wsd", "min_lr_ratio": FLOOR_RATIO, **schedule},
-                                         deepspeed={"zero_stage": 1, "bf16": False}, **sections))
+                                         deepspeed={"zero_stage": 1, "bf16": bf16}, **sections))
 
 
-def _main(out) -> RunConfig:
+def _main(out, bf16: bool = False) -> RunConfig:
     """The stable phase: warmup, then the peak LR until the branch point (decay_fraction 0)."""
-    return _run(out, MAIN_STEPS * STEP_TOKENS, {"warmup_tokens": WARMUP, "decay_fraction": 0.0})
+    return _run(out, MAIN_STEPS * STEP_TOKENS, {"warmup_tokens": WARMUP, "decay_fraction": 0.0}, bf16)
 
 
-def _anneal(out, branch, **sections) -> RunConfig:
+def _anneal(out, branch, bf16: bool = False, **sections) -> RunConfig:
     """The decay: from the branch point to the floor over this stage's own tokens, no warmup."""
-    return _run(out, ANNEAL_STEPS * STEP_TOKENS, {"warmup_tokens": 0, "decay_fraction": 1.0},
+    return _run(out, ANNEAL_STEPS * STEP_TOKENS, {"warmup_tokens": 0, "decay_fraction": 1.0}, bf16,
                 continue_from=str(branch), **sections)
 
 
@@ -42,16 +42,17 @@ def _moments(optimizer) -> list[dict[str, torch.Tensor]]:
 
 
 @pytest.mark.slow  # three tiny DeepSpeed runs: ~a minute on 2 cores
-def test_an_anneal_that_continues_the_main_run_is_the_tail_of_one_wsd_schedule(tmp_path):
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+def test_an_anneal_that_continues_the_main_run_is_the_tail_of_one_wsd_schedule(tmp_path, bf16):
     from trainer.train import Trainer
 
-    main = Trainer(_main(tmp_path / "main"))
+    main = Trainer(_main(tmp_path / "main", bf16))
     main.fit()
     at_branch = _moments(main.optimizer)
     branch = tmp_path / "main" / "checkpoints" / f"step-{MAIN_STEPS:08d}"
     assert branch.is_dir() and all(h["lr"] == PEAK for h in main.history[2:])  # warmup, then stable: no decay
 
-    anneal = Trainer(_anneal(tmp_path / "anneal", branch))
+    anneal = Trainer(_anneal(tmp_path / "anneal", branch, bf16))
     # It starts where main stopped: step, tokens and data position, and Adam's moments tensor by tensor.
     assert (anneal.state.step, anneal.state.tokens, anneal.state.start_tokens) == (
         MAIN_STEPS, MAIN_STEPS * STEP_TOKENS, MAIN_STEPS * STEP_TOKENS)
@@ -79,10 +80,11 @@ def test_an_anneal_that_continues_the_main_run_is_the_tail_of_one_wsd_schedule(t
                        "tokens": MAIN_STEPS * STEP_TOKENS, "same_data": True, "universal": False}]
 
     # One uninterrupted WSD run over the same tokens (decaying over the last quarter) is the same run, step
-    # for step: the same LRs and, in fp32, the same losses.
+    # for step: the same LRs and the same losses (the continued run restores the fp32 master weights and
+    # moments, and its bf16 weights are their rounding, as in the uninterrupted run).
     total = MAIN_STEPS + ANNEAL_STEPS
     whole = Trainer(_run(tmp_path / "whole", total * STEP_TOKENS,
-                         {"warmup_tokens": WARMUP, "decay_fraction": ANNEAL_STEPS / total}))
+                         {"warmup_tokens": WARMUP, "decay_fraction": ANNEAL_STEPS / total}, bf16))
     whole.fit()
     joined = main.history + anneal.history
     assert [h["step"] for h in joined] == [h["step"] for h in whole.history]
