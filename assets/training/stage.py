@@ -34,7 +34,6 @@ from assets.tokenization.tokenizer import TOKENIZER_FILE
 from assets.training.inputs import packed_keys, training_inputs
 from trainer.config import BatchConfig
 
-TRAINING_IMPLEMENTATION = "v1"
 SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.jsonl"
 
@@ -181,7 +180,7 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, start_from: tuple[st
         }
 
     return output_asset(OutputSpec(
-        key=stage_key(name), group="training", stage=f"training-{name}", implementation=TRAINING_IMPLEMENTATION,
+        key=stage_key(name), group="training", stage=f"training-{name}", code=("trainer",),
         section={"stage": name, "settings": settings, "weights": fixed, "min_doc_tokens": min_doc_tokens,
                  **({how_start: previous} if previous else {})},
         description=(f"Training stage `{name}` ({settings['train_tokens']:,} tokens, seq "

@@ -51,7 +51,7 @@ def test_demo_specs(monkeypatch):
     # Where a stage starts is part of what it is (its code version): continue_from main, for both.
     assert "continue_from" not in main.section
     assert long.section["continue_from"] == anneal.section["continue_from"] == "main"
-    assert main.code_version == code_version("training-main", "v1", main.section)
+    assert main.code_version == code_version("training-main", main.code_sha256, main.section)
     assert main.resources == frozenset({"launcher"}) and main.out_name == "result"
     schema = main.asset_args["config_schema"]
     assert {k: f.default_value for k, f in schema.items()} == {"train_tokens": 262144, "seq_len": 128, "global_batch": 16}
