@@ -3,6 +3,7 @@ benchmark_files, and prepare/build run directly on a tiny committed dedup output
 
 import dataclasses
 import gzip
+import hashlib
 import json
 import logging
 from types import SimpleNamespace
@@ -87,7 +88,8 @@ def test_prepare_keys_on_its_own_slice_and_build_drops_the_contaminated_document
     inputs = spec.prepare(Inputs(context=context, store=store, outputs={"documents": dedup}))
     own = [f for f in dedup.manifest["files"] if f["path"].startswith("web/")]
     assert inputs.key_upstream == {"curation/deduplicated[web]": data_version_of(own)}
-    assert inputs.fingerprints == [f"bench.txt:{(tmp_path / 'bench.txt').stat().st_size}"]
+    bench = tmp_path / "bench.txt"
+    assert inputs.fingerprints == [f"bench.txt:{bench.stat().st_size}:sha256:{hashlib.sha256(bench.read_bytes()).hexdigest()}"]
     assert inputs.manifest == {"inputs": [str(tmp_path / "bench.txt")]}
     # Another source's documents changed: this source's key input is the same.
     other = committed_dedup(store, tmp_path, web, ["def g(): return 1"], name="dedup2")
