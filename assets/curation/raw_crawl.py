@@ -49,6 +49,12 @@ def inputs_version(fingerprints: list[str]) -> str:
 
 def source_inputs_asset(recipe: Recipe, source: SourceConfig):
     """The observable source asset of one source's input files (see the module docstring)."""
+    import warnings
+
+    from dagster import BetaWarning
+
+    # Dagster marks observable source assets beta; said once here, not once per source on every command.
+    warnings.filterwarnings("ignore", message=".*observable_source_asset.*", category=BetaWarning)
 
     @observable_source_asset(
         key=inputs_key(source.name), group_name="curation",
