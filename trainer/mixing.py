@@ -36,6 +36,9 @@ class MixingConfig:
     concentration: float = 10.0  # Dirichlet α = concentration × prior: higher = closer to the prior
     seed: int = 0
     search_samples: int = 100_000  # mixtures scored by the fitted regression when picking the best
+    # The best mixture is the mean of the top_k scored mixtures (RegMix): the single best sample sits where the
+    # fit extrapolates furthest (with the linear fallback, at the edge of the search), their mean is steadier.
+    top_k: int = 100
     ridge: float = 1e-3
     min_weight: float = 0.0  # a source below this weight in the best mixture is set to it (then renormalised)
 
@@ -45,6 +48,8 @@ class MixingConfig:
         bad = {k: v for k, v in self.prior.items() if not np.isfinite(v) or v < 0}
         if bad or sum(self.prior.values()) <= 0:
             raise ValueError(f"mixing.prior: weights must be finite, >= 0 and not all zero, got {self.prior}")
+        if self.top_k < 1:
+            raise ValueError(f"mixing.top_k must be >= 1, got {self.top_k}")
         if self.candidates < 2:
             raise ValueError(f"mixing.candidates must be >= 2, got {self.candidates}")
         if self.concentration <= 0:
@@ -170,7 +175,8 @@ def fit_mixture_regression(mixtures: list[dict[str, float]], losses: list[float]
 
 
 def best_mixture(fit: MixtureFit, cfg: MixingConfig) -> tuple[dict[str, float], float]:
-    """(weights, predicted loss) minimising the fitted loss over fresh samples around the prior."""
+    """(weights, predicted loss): the mean of the top_k mixtures of lowest fitted loss among fresh samples around
+    the prior (and the prior and the runs themselves), and the fit's prediction for that mean."""
     if fit.sources != cfg.sources:
         raise ValueError(f"the fit is over sources {fit.sources}, the config over {cfg.sources}")
     pool = np.vstack([cfg.prior_vector()[None], np.array([[m[s] for s in fit.sources] for m, _ in fit.observed]),
@@ -180,5 +186,6 @@ def best_mixture(fit: MixtureFit, cfg: MixingConfig) -> tuple[dict[str, float], 
         pool[:, live] = np.maximum(pool[:, live], cfg.min_weight)
         pool /= pool.sum(axis=1, keepdims=True)
     predicted = fit.predict(pool)
-    i = int(np.argmin(predicted))
-    return {s: float(w) for s, w in zip(fit.sources, pool[i])}, float(predicted[i])
+    top = np.argsort(predicted, kind="stable")[:cfg.top_k]
+    best = pool[top].mean(axis=0)
+    return {s: float(w) for s, w in zip(fit.sources, best)}, float(fit.predict(best[None])[0])

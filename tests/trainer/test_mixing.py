@@ -95,3 +95,23 @@ def test_fewer_runs_than_features_fit_the_linear_model_and_say_why():
     many = mixtures + [m for t in range(1, 6) for m in candidate_mixtures(cfg, tick=t)]
     fit = fit_mixture_regression(many, [loss(m) for m in many])
     assert (fit.model, fit.features, fit.warning) == ("quadratic", 21, None) and len(many) == 24
+
+
+def test_the_best_mixture_is_the_mean_of_the_top_k_so_a_linear_fit_is_not_followed_to_the_edge():
+    """Four runs for five sources: the linear fallback's single best sample is the most extreme one drawn; the
+    mean of its top 100 stays nearer the prior, and with top_k 1 the search returns that single sample."""
+    rng = np.random.default_rng(1)
+    cfg = MixingConfig(prior=PRIOR, candidates=4, concentration=6.0, seed=0, search_samples=20_000)
+    mixtures = candidate_mixtures(cfg)
+    fit = fit_mixture_regression(mixtures, [synthetic_loss(m, 0.005, rng) for m in mixtures])
+    assert fit.model == "linear"
+    single, single_loss = best_mixture(fit, MixingConfig(**{**cfg.__dict__, "top_k": 1}))
+    mean, mean_loss = best_mixture(fit, cfg)
+    prior = np.array([PRIOR[s] for s in sorted(PRIOR)]) / sum(PRIOR.values())
+    distance = {name: np.abs(np.array([m[s] for s in sorted(m)]) - prior).sum() for name, m in
+                (("single", single), ("mean", mean))}
+    assert distance["mean"] < distance["single"]
+    assert sum(mean.values()) == pytest.approx(1.0) and min(mean.values()) >= 0
+    assert single_loss <= mean_loss  # the single sample is the fit's own minimum; the mean gives some of it up
+    with pytest.raises(ValueError, match="top_k"):
+        MixingConfig(prior=PRIOR, top_k=0)
