@@ -189,6 +189,16 @@ class WorkerPool:
         self.busy = threading.Lock()  # one run at a time: the counter belongs to it
         atexit.register(self.close)
 
+    @classmethod
+    def close_all(cls) -> None:
+        """Stop every pool of this process: before something here forks (datatrove's LocalPipelineExecutor does),
+        as a fork taken while the pools' threads hold a lock can deadlock in the child."""
+        with cls._lock:
+            for pool in cls._pools.values():
+                if pool.pid == os.getpid():
+                    pool.close()
+            cls._pools.clear()
+
     def healthy(self) -> bool:
         return all(p.exitcode is None for p in self.processes)
 
