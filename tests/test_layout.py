@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.source_imports import absolute_imports
 
 PACKAGES = ["assets", "pipelines", "resources", "storage", "trainer"]
 # The engines and the store they share run in processes that never load Dagster (trainer ranks, executor
@@ -61,17 +62,10 @@ def _package_imports() -> dict[str, set[str]]:
     edges: dict[str, set[str]] = {package: set() for package in PACKAGES}
     for path in _source_files():
         package = path.relative_to(REPO).parts[0]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                targets = [node.module]
-            else:
-                continue
-            for target in targets:
-                top = target.split(".")[0]
-                if top in PACKAGES and top != package:
-                    edges[package].add(top)
+        for target in absolute_imports(path):
+            top = target.split(".")[0]
+            if top in PACKAGES and top != package:
+                edges[package].add(top)
     return edges
 
 

@@ -3,13 +3,14 @@ package's metadata, against the third-party modules the source imports (scanned,
 
 from __future__ import annotations
 
-import ast
 import importlib.metadata as metadata
 import sys
 from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from tests.source_imports import absolute_imports
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipelines", "assets", "trainer", "resources", "storage")
@@ -22,17 +23,10 @@ def imported_modules(folders) -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
     for folder in folders:
         for path in (REPO / folder).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                if isinstance(node, ast.Import):
-                    names = [alias.name for alias in node.names]
-                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                    names = [node.module]
-                else:
-                    continue
-                for name in names:
-                    top = name.split(".")[0]
-                    if top not in sys.stdlib_module_names and top not in OWN:
-                        found.setdefault(top, set()).add(str(path.relative_to(REPO)))
+            for name in absolute_imports(path):
+                top = name.split(".")[0]
+                if top not in sys.stdlib_module_names and top not in OWN:
+                    found.setdefault(top, set()).add(str(path.relative_to(REPO)))
     return found
 
 
