@@ -15,8 +15,10 @@ The regression is ridge regression on the weights and their pairwise products (R
 effects smooth enough for a low-order model). That quadratic model has 1 + k + k(k+1)/2 features for k
 sources (21 for 5): with fewer runs than that it would interpolate noise, so the fit falls back to the
 linear model (an intercept and k-1 weights, the last being implied by the sum to 1) and says why
-(`MixtureFit.model`, `.warning`). The best mixture is searched among many fresh Dirichlet samples, so it
-stays where the proxy runs gave evidence rather than at a corner the regression extrapolates to.
+(`MixtureFit.model`, `.warning`). The best mixture is searched among many fresh Dirichlet samples, kept to
+the box of weights the proxy runs spanned (each source between its least and greatest weight in a run), so
+it stays where the runs gave evidence rather than at a corner the regression extrapolates to: with a few
+runs the box is small and the choice modest; with RegMix's hundreds it covers the whole draw.
 Pure numpy: no torch, no Dagster.
 """
 
@@ -176,11 +178,16 @@ def fit_mixture_regression(mixtures: list[dict[str, float]], losses: list[float]
 
 def best_mixture(fit: MixtureFit, cfg: MixingConfig) -> tuple[dict[str, float], float]:
     """(weights, predicted loss): the mean of the top_k mixtures of lowest fitted loss among fresh samples around
-    the prior (and the prior and the runs themselves), and the fit's prediction for that mean."""
+    the prior (and the runs themselves) that lie in the box the runs spanned, and the fit's prediction for that
+    mean."""
     if fit.sources != cfg.sources:
         raise ValueError(f"the fit is over sources {fit.sources}, the config over {cfg.sources}")
-    pool = np.vstack([cfg.prior_vector()[None], np.array([[m[s] for s in fit.sources] for m, _ in fit.observed]),
-                      _dirichlet(cfg, cfg.search_samples, SEARCH_STREAM)])
+    runs = np.array([[m[s] for s in fit.sources] for m, _ in fit.observed])
+    drawn = _dirichlet(cfg, cfg.search_samples, SEARCH_STREAM)
+    # A fit over a handful of runs is a guess outside the weights they tried (a linear one is steepest at the
+    # edge of the draw), so only mixtures inside their box are scored; the runs themselves always are.
+    inside = np.all((drawn >= runs.min(axis=0)) & (drawn <= runs.max(axis=0)), axis=1)
+    pool = np.vstack([runs, drawn[inside]])
     if cfg.min_weight > 0:
         live = cfg.prior_vector() > 0
         pool[:, live] = np.maximum(pool[:, live], cfg.min_weight)

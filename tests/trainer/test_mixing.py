@@ -115,3 +115,19 @@ def test_the_best_mixture_is_the_mean_of_the_top_k_so_a_linear_fit_is_not_follow
     assert single_loss <= mean_loss  # the single sample is the fit's own minimum; the mean gives some of it up
     with pytest.raises(ValueError, match="top_k"):
         MixingConfig(prior=PRIOR, top_k=0)
+
+
+def test_the_best_mixture_stays_in_the_box_of_weights_the_runs_tried():
+    """The demo's case: four proxy runs, five sources, a linear fit whose slope says "more code" without end.
+    Unbounded, the search followed it to the edge of the draw (85% code in the demo); kept to the runs' box, each
+    weight of the choice lies between the least and greatest weight any run gave that source."""
+    sources = {"books": 0.15, "c4": 0.2, "code": 0.15, "math": 0.15, "web": 0.35}
+    cfg = MixingConfig(prior=sources, candidates=4, concentration=8.0)
+    mixtures = candidate_mixtures(cfg)
+    fit = fit_mixture_regression(mixtures, [3.0 - 2.0 * m["code"] for m in mixtures])
+    best, predicted = best_mixture(fit, cfg)
+    for s in sources:
+        tried = [m[s] for m in mixtures]
+        assert min(tried) - 1e-9 <= best[s] <= max(tried) + 1e-9, (s, best[s], tried)
+    assert best["code"] > sources["code"]  # it still follows the fit, as far as the runs went
+    assert sum(best.values()) == pytest.approx(1.0) and np.isfinite(predicted)
