@@ -19,7 +19,7 @@ def test_demo_stages_merge_over_the_stage_they_start_from():
     assert (main_cfg.schedule.kind, main_cfg.schedule.decay_fraction) == ("wsd", 0.0)
     # The long-context stage changes only what it says: sequence length, RoPE base, batch, LR and schedule.
     assert (long_cfg.batch.seq_len, long_cfg.model.rope_base) == (512, 100000.0)
-    assert long_cfg.model.d_model == main_cfg.model.d_model and (main_cfg.optim.lr, long_cfg.optim.lr) == (3.0e-3, 3.0e-4)
+    assert long_cfg.model.d_model == main_cfg.model.d_model and (main_cfg.optim.lr, long_cfg.optim.lr) == (2.0e-3, 2.0e-4)
     assert long_cfg.optim.betas == main_cfg.optim.betas and long_cfg.schedule.warmup_tokens == 8192
     assert main_cfg.batch.ramp_start == 8 and long_cfg.batch.ramp_start is None
     # The anneal merges over main (not over the long-context stage before it in the list) and decays to zero.

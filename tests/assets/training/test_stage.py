@@ -144,7 +144,7 @@ def test_the_run_configs_continue_main_in_long_512_and_anneal(monkeypatch, tmp_p
     run = launcher.runs[-1][0]
     # It continues main's run (weights, optimizer state, step, tokens) at its own low LR.
     assert run["stage"] == "long_512" and run["continue_from"] == main_manifest["checkpoint"]["uri"]
-    assert run["init_from"] is None and run["optim"]["lr"] == 3.0e-4 and run["schedule"]["warmup_tokens"] == 8192
+    assert run["init_from"] is None and run["optim"]["lr"] == 2.0e-4 and run["schedule"]["warmup_tokens"] == 8192
     assert run["batch"]["seq_len"] == 512 and run["model"]["rope_base"] == 100000.0
     assert run["data"]["min_doc_tokens"] == 256 and run["data"]["weights"] == chosen
     assert long_inputs.upstream["training/main"] == main_manifest["data_version"]
