@@ -30,10 +30,10 @@ import fnmatch
 import gzip
 import io
 import json
+import os
 import sys
 
 from assets.home import ensure_dagster_home
-from assets.recipe import RecipeError, load_recipe
 
 
 class UsageError(ValueError):
@@ -43,6 +43,11 @@ class UsageError(ValueError):
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command is _materialize:
+        _start_local_helpers(args)
+    # Imported here, not at the top: it loads Dagster (~1 s), which the helpers above need not wait for.
+    from assets.recipe import RecipeError
+
     try:
         return args.command(args)
     except (RecipeError, UsageError) as exc:
@@ -118,7 +123,9 @@ class Factory:
     """The recipe in force, its Definitions and the persistent instance: what every command needs."""
 
     def __init__(self, recipe_arg: str | None):
-        self.recipe = load_recipe(recipe_arg)  # validated before Dagster is even imported
+        from assets.recipe import load_recipe
+
+        self.recipe = load_recipe(recipe_arg)
         self.recipe_arg = str(self.recipe.path)  # the worker processes of a parallel materialize load this one
         ensure_dagster_home()
         from dagster import DagsterInstance
@@ -252,6 +259,24 @@ def _describe_cause(cause, key) -> str:
     if cause.dependency is not None:
         reason += f" ({cause.dependency.asset_key.to_user_string()})"
     return reason
+
+
+def _start_local_helpers(args) -> None:
+    """With the local executor at W > 1 workers, start its W - 1 helper processes now, in the background: they take
+    ~0.7 s to import datatrove, which then overlaps the ~2 s of loading Dagster and the code location instead of
+    the first stage's tasks. Only when the runs execute in this process (one job); parallel jobs' worker processes
+    start their own as their runs begin (ExecutorResource.setup_for_execution). A bad variable is left to the
+    resource, which names it when the run starts."""
+    from pipelines.runner import LocalRunner
+    from resources.executor_env import ExecutorEnvironment
+
+    try:
+        env = ExecutorEnvironment.read(os.environ)
+        jobs = args.jobs or int(os.environ.get("PRETRAIN_JOBS") or 0)
+    except ValueError:
+        return
+    if env.kind == "local" and (env.workers or 1) > 1 and jobs == 1:
+        LocalRunner(workers=env.workers).warm()
 
 
 def _materialize(args) -> int:
@@ -415,6 +440,7 @@ def _lineage_tokenizer(manifest: dict, tmp):
 
 def _plan(args) -> int:
     # Pure arithmetic: no Dagster instance. A layout that will not fit warns but is no error (exit 0).
+    from assets.recipe import RecipeError, load_recipe
     from trainer import planner
 
     try:

@@ -26,7 +26,8 @@ only the others, then merges the stats of every task, so a stage killed half-way
 the rest and reports the counts of the whole. `run` returns only when every task has completed, else raises: a
 stage commits its output only after that.
 `ExecutorResource.from_env()` is the environment mapping that definitions.py uses (PRETRAIN_EXECUTOR, ...):
-pydantic validates the variables (ExecutorEnvironment), as it does the recipe and the trainer's run.json.
+pydantic validates the variables (resources/executor_env.py, which `pretrain materialize` reads before Dagster
+loads, to start the local helpers early), as it does the recipe and the trainer's run.json.
 """
 
 from __future__ import annotations
@@ -38,55 +39,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Literal, Mapping, get_args
+from typing import Mapping
 
 from dagster import ConfigurableResource
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipelines.runner import LocalRunner, run_resumable, tasks_for
-
-Kind = Literal["local", "ray", "slurm"]
-KINDS = get_args(Kind)
-
-
-class ExecutorEnvironment(BaseModel):
-    """The variables ExecutorResource.from_env reads; one unset or empty leaves the resource's default."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    kind: Kind = Field("local", alias="PRETRAIN_EXECUTOR")
-    workers: int | None = Field(None, alias="PRETRAIN_EXECUTOR_WORKERS")  # None: 1 for local, else -1 (no limit)
-    tasks: int | None = Field(None, alias="PRETRAIN_EXECUTOR_TASKS")  # None: each stage's own count
-    cpus_per_task: int | None = Field(None, alias="PRETRAIN_EXECUTOR_CPUS_PER_TASK")
-    mem_per_cpu_gb: float | None = Field(None, alias="PRETRAIN_EXECUTOR_MEM_PER_CPU_GB")
-    ray_address: str | None = Field(None, alias="PRETRAIN_RAY_ADDRESS")
-    slurm_partition: str | None = Field(None, alias="PRETRAIN_SLURM_PARTITION")
-    slurm_time: str | None = Field(None, alias="PRETRAIN_SLURM_TIME")
-    slurm_job_name: str | None = Field(None, alias="PRETRAIN_SLURM_JOB_NAME")
-    slurm_qos: str | None = Field(None, alias="PRETRAIN_SLURM_QOS")
-    slurm_env_command: str | None = Field(None, alias="PRETRAIN_SLURM_ENV_COMMAND")
-    slurm_account: str | None = Field(None, alias="PRETRAIN_SLURM_ACCOUNT")  # an #SBATCH --account line
-
-    @classmethod
-    def read(cls, env: Mapping[str, str]) -> "ExecutorEnvironment":
-        """Validate the mapping's variables; a bad one is named: "PRETRAIN_EXECUTOR_WORKERS: 'two' is not ..."."""
-        names = {field.alias for field in cls.model_fields.values()}
-        try:
-            return cls.model_validate({name: value for name, value in env.items() if name in names and value})
-        except ValidationError as exc:
-            error = exc.errors()[0]
-            problem = {"literal_error": f"is not one of {', '.join(KINDS)}", "int_parsing": "is not an integer",
-                       "float_parsing": "is not a number"}.get(error["type"], error["msg"])
-            raise ValueError(f"{error['loc'][0]}: {error['input']!r} {problem}") from None
-
-    def resource_fields(self) -> dict:
-        """The ExecutorResource fields the environment sets."""
-        fields = self.model_dump(exclude_none=True, exclude={"slurm_account"})
-        fields.setdefault("workers", 1 if self.kind == "local" else -1)
-        if self.slurm_account:
-            fields["slurm_sbatch_args"] = {"account": self.slurm_account}
-        return fields
-
+from resources.executor_env import ExecutorEnvironment, Kind
 
 class ExecutorResource(ConfigurableResource):
     """How datatrove pipelines run: `local`, `ray` or `slurm` (see the module doc)."""

@@ -1,6 +1,6 @@
 """`pretrain` end to end on a copy of the demo recipe: materialize, status, staleness, where, docs.
 
-One long test on purpose: materializing the demo takes the time, the checks after it are cheap.
+The whole demo materialized, then changed, is tests/assets/test_staleness_demo.py (one run of it for both).
 """
 
 import json
@@ -53,56 +53,6 @@ def shorter_training(raw):
     training["anneal"]["train_tokens"] //= 4
     raw["mixing"]["proxy"]["train_tokens"] //= 4
     raw["evaluation"]["limit"] = 10
-
-
-@pytest.mark.slow  # materializes assets through the CLI
-def test_one_changed_source_is_exactly_what_is_stale_and_rematerialized(tmp_path, monkeypatch, capsys):
-    recipe = tmp_path / "recipe.yaml"
-    write_demo_copy(recipe, shorter_training)
-    monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
-
-    before = status_rows(capsys)
-    assert before and all(state == "missing" for state, _ in before.values())
-
-    assert main(["materialize"]) == 0
-    fresh = status_rows(capsys)
-    assert set(fresh) == set(before)
-    assert all(state == "fresh" for state, _ in fresh.values()), fresh
-
-    # A reader setting of one source changes: that source's raw asset alone turns stale.
-    write_demo_copy(recipe, lambda raw: (shorter_training(raw), set_math_min_chars(raw, 20)))
-    changed = status_rows(capsys)
-    stale = {key: cause for key, (state, cause) in changed.items() if state != "fresh"}
-    assert list(stale) == ["curation/math/raw_crawl"]
-    assert "code version" in stale["curation/math/raw_crawl"]
-
-    counts_before = materialization_counts(changed)
-    assert main(["materialize", "--stale"]) == 0
-    counts_after = materialization_counts(changed)
-    rerun = {key for key in changed if counts_after[key] != counts_before[key]}
-    assert rerun == {"curation/math/raw_crawl"}
-    assert counts_after["curation/math/raw_crawl"] == counts_before["curation/math/raw_crawl"] + 1
-    assert all(state == "fresh" for state, _ in status_rows(capsys).values())
-
-    # Nothing stale: --stale does nothing.
-    assert main(["materialize", "--stale"]) == 0
-    assert materialization_counts(changed) == counts_after
-
-    # where: URI first, then the manifest of the new version.
-    capsys.readouterr()
-    assert main(["where", "curation/math/raw_crawl"]) == 0
-    uri, manifest_text = capsys.readouterr().out.split("\n", 1)
-    manifest = json.loads(manifest_text)
-    assert uri.startswith("file://") and uri.endswith(manifest["version_key"])
-    assert manifest["asset"] == "curation/math/raw_crawl"
-    assert manifest["counts"]["kept"] == 7473  # every GSM8K problem is longer than 20 characters
-    assert manifest["data_version"]
-
-    # docs: real documents, with their source and origin.
-    assert main(["docs", "raw_crawl", "--source", "math", "--limit", "3"]) == 0
-    docs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert len(docs) == 3
-    assert all(doc["metadata"]["source"] == "math" and doc["text"] for doc in docs)
 
 
 def test_cli_errors_go_to_stderr_with_nonzero_status(tmp_path, monkeypatch, capsys):
@@ -168,3 +118,32 @@ def test_a_source_past_its_bad_fraction_fails_and_commits_nothing(tmp_path, monk
     assert status_rows(capsys)["curation/shaky/raw_crawl"] == ("missing", "never materialized")
     store_root = tmp_path / "pretrain-home" / "store"
     assert not list(store_root.rglob("manifest.json"))
+
+
+@pytest.mark.parametrize(("env", "jobs", "started"), [
+    ({"PRETRAIN_EXECUTOR_WORKERS": "2"}, "1", True),  # the runs execute in this process: its helper starts now
+    ({"PRETRAIN_EXECUTOR_WORKERS": "2"}, "2", False),  # parallel jobs: each worker process starts its own
+    ({"PRETRAIN_EXECUTOR_WORKERS": "1"}, "1", False),  # one worker: the tasks run in this process, no helper
+    ({"PRETRAIN_EXECUTOR_WORKERS": "2", "PRETRAIN_EXECUTOR": "ray"}, "1", False),
+    ({"PRETRAIN_EXECUTOR_WORKERS": "two"}, "1", False),  # left to the resource, which names the variable
+])
+def test_materialize_starts_the_local_helpers_before_dagster_loads(monkeypatch, env, jobs, started):
+    """`pretrain materialize` starts the local executor's helpers first thing: a helper needs ~0.7 s to import
+    datatrove, which then overlaps loading the code location rather than a short stage's first tasks."""
+    from assets.cli import _parser, _start_local_helpers
+    from pipelines.runner import WorkerPool
+
+    WorkerPool.close_all()
+    for name in ("PRETRAIN_EXECUTOR", "PRETRAIN_EXECUTOR_WORKERS", "PRETRAIN_JOBS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PRETRAIN_JOBS", jobs)
+    try:
+        _start_local_helpers(_parser().parse_args(["materialize", "--select", "curation/web/raw_crawl"]))
+        pool = WorkerPool._pools.get(1)
+        assert (pool is not None) == started
+        if started:
+            assert len(pool.processes) == 1 and pool.healthy()
+    finally:
+        WorkerPool.close_all()
