@@ -55,7 +55,7 @@ demo: $(STAMP)
 
 # The whole suite (what CI runs): real S3, PostgreSQL, Slurm, Ray, Chromium and DeepSpeed runs, ~20 minutes.
 test: system-deps $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=30
 
 # The fast tier while you work: every module's unit tests, without the tests marked slow (a few minutes).
 test-fast: $(STAMP)

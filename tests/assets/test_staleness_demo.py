@@ -1,6 +1,7 @@
-"""The demo recipe with its trained tokenizer: a changed filter on `web` reruns web's chain, the dedup stage, the
-sweep, training and evaluation; the tokenizer and every other source's outputs keep their data versions. Then
-`--refresh` trains a new tokenizer on the sources' current outputs.
+"""`pretrain` on the demo recipe with its trained tokenizer, materialized once: a reader setting of `math` that
+changes no document reruns that raw asset alone; a changed filter on `web` reruns web's chain, the dedup stage, the
+sweep, training and evaluation, while the tokenizer and every other source's outputs keep their data versions;
+`--refresh` then trains a new tokenizer on the sources' current outputs. `where` and `docs` read what was made.
 
 One long test on purpose: materializing the demo takes the time (minutes), the checks after it are cheap."""
 
@@ -13,7 +14,7 @@ from dagster import AssetKey, AssetSelection, DagsterInstance
 from assets.cli import main
 from assets.definitions import build_defs
 from assets.recipe import load_recipe
-from tests.assets.test_cli import shorter_training, status_rows, write_demo_copy
+from tests.assets.test_cli import materialization_counts, set_math_min_chars, shorter_training, status_rows, write_demo_copy
 
 DATA_VERSION_TAG = "dagster/data_version"
 
@@ -52,15 +53,48 @@ def tokenizer_manifest(capsys) -> dict:
 
 @pytest.mark.slow  # the whole demo (shorter training), then web's chain through training again
 @pytest.mark.timeout(3600)  # 16 min for the first pass alone on 2 busy shared cores
-def test_a_changed_web_filter_reruns_web_through_training_and_keeps_the_tokenizer(tmp_path, monkeypatch, capsys):
+def test_the_demo_reruns_exactly_what_a_change_touches_and_keeps_the_tokenizer(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     recipe = tmp_path / "recipe.yaml"
     write_demo_copy(recipe, cheaper)
     monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
+    missing = status_rows(capsys)
+    assert missing and all(state == "missing" for state, _ in missing.values())
     assert main(["materialize"]) == 0
-    before, trained = data_versions(), tokenizer_manifest(capsys)
+    fresh = status_rows(capsys)
+    assert set(fresh) == set(missing) and all(state == "fresh" for state, _ in fresh.values()), fresh
+    trained = tokenizer_manifest(capsys)
 
-    write_demo_copy(recipe, lambda raw: (cheaper(raw), stricter_web_filter(raw)))
+    # A reader setting of one source changes: that source's raw asset alone turns stale and reruns. Every GSM8K
+    # problem is longer than 20 characters, so its documents, and so its data version, stay as they were.
+    write_demo_copy(recipe, lambda raw: (cheaper(raw), set_math_min_chars(raw, 20)))
+    changed = status_rows(capsys)
+    stale = {key: cause for key, (state, cause) in changed.items() if state != "fresh"}
+    assert list(stale) == ["curation/math/raw_crawl"] and "code version" in stale["curation/math/raw_crawl"]
+    counts_before = materialization_counts(changed)
+    assert main(["materialize", "--stale"]) == 0
+    counts_after = materialization_counts(changed)
+    assert {key for key in changed if counts_after[key] != counts_before[key]} == {"curation/math/raw_crawl"}
+    assert counts_after["curation/math/raw_crawl"] == counts_before["curation/math/raw_crawl"] + 1
+    assert all(state == "fresh" for state, _ in status_rows(capsys).values())
+    assert main(["materialize", "--stale"]) == 0  # nothing stale: it does nothing
+    assert materialization_counts(changed) == counts_after
+
+    # where: URI first, then the manifest of the new version; docs: real documents, with their source.
+    capsys.readouterr()
+    assert main(["where", "curation/math/raw_crawl"]) == 0
+    uri, manifest_text = capsys.readouterr().out.split("\n", 1)
+    manifest = json.loads(manifest_text)
+    assert uri.startswith("file://") and uri.endswith(manifest["version_key"])
+    assert manifest["asset"] == "curation/math/raw_crawl" and manifest["counts"]["kept"] == 7473
+    assert manifest["data_version"]
+    assert main(["docs", "raw_crawl", "--source", "math", "--limit", "3"]) == 0
+    docs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(docs) == 3 and all(doc["metadata"]["source"] == "math" and doc["text"] for doc in docs)
+
+    # A stricter filter on web.
+    before = data_versions()
+    write_demo_copy(recipe, lambda raw: (cheaper(raw), set_math_min_chars(raw, 20), stricter_web_filter(raw)))
     # Dagster shows staleness one step at a time: the filtered asset whose section changed.
     assert {k for k, (state, _) in status_rows(capsys).items() if state != "fresh"} == {"curation/web/filtered"}
     assert main(["materialize", "--stale"]) == 0

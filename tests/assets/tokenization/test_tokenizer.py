@@ -7,7 +7,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-from pathlib import Path
 from types import SimpleNamespace
 
 import yaml
