@@ -20,10 +20,14 @@ PIPELINE_OFF = {"sdc": {"enabled": False}, "straggler": {"enabled": False}, "hea
 
 
 def _settings(out, pipeline: int, **sections) -> dict:
-    return run_dict(out, train_tokens=10 * 8 * 64, model={"n_layers": 4, "z_loss": 1e-4},
-                    deepspeed={"zero_stage": 0, "bf16": False}, parallel={"pipeline": pipeline},
-                    batch={"global_batch": 8, "micro_batch": 2, "seq_len": 64},
-                    metrics={"log_interval": 1, "eval_batches": 1, "tensorboard": False}, **PIPELINE_OFF, **sections)
+    """10 steps of 8 sequences of 64 tokens, 4 blocks (2 a stage), z_loss on, fp32 ZeRO-0; `sections` override."""
+    base = {"train_tokens": 10 * 8 * 64, "model": {"n_layers": 4, "z_loss": 1e-4},
+            "deepspeed": {"zero_stage": 0, "bf16": False}, "parallel": {"pipeline": pipeline},
+            "batch": {"global_batch": 8, "micro_batch": 2, "seq_len": 64},
+            "metrics": {"log_interval": 1, "eval_batches": 1, "tensorboard": False}, **PIPELINE_OFF}
+    for key, value in sections.items():
+        base[key] = {**base[key], **value} if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return run_dict(out, **base)
 
 
 def _run(tmp_path, name: str, ranks: int, pipeline: int, **sections) -> list[dict]:
@@ -49,3 +53,42 @@ def test_a_two_stage_pipeline_trains_as_the_unpipelined_model(tmp_path):
     assert losses(piped) == pytest.approx(losses(whole), rel=1e-5)
     val = lambda records: [r for r in records if r.get("event") == "eval"][-1]
     assert val(piped)["val_loss"] == pytest.approx(val(whole)["val_loss"], rel=1e-5)
+
+
+@pytest.mark.slow  # three 2-rank pipeline runs (one uninterrupted, one killed twice and resumed): ~2 min on 2 cores
+def test_a_pipeline_killed_mid_step_then_mid_save_resumes_bit_identically(tmp_path):
+    """As tests/trainer/test_checkpoint.py's kill -9 test, on a 2-stage pipeline: killed mid-step after the first
+    save, then mid-save (a partial step never commits), then run to the end; every logged loss equals the
+    uninterrupted run's bit for bit."""
+    from tests.trainer.faults import fault_env
+    from tests.trainer.test_checkpoint import _finish, _kill_when, _losses, _records, _start, _write
+    from trainer.checkpoint_store import LocalCheckpoints
+
+    steps, every = 12, 3
+    def settings(out):
+        return _settings(out, 2, train_tokens=steps * 8 * 64, metrics={"eval_batches": 0},
+                         checkpoint={"interval_steps": every, "keep_last": 4})
+
+    reference_json = _write(tmp_path / "ref", settings(tmp_path / "ref" / "out"))
+    _finish(_start(reference_json), reference_json)
+    reference = _losses(read_metrics(tmp_path / "ref" / "out"))
+    assert sorted(reference) == list(range(1, steps + 1))
+
+    out = tmp_path / "run" / "out"
+    run_json = _write(tmp_path / "run", settings(out))
+    local = LocalCheckpoints(out / "checkpoints")
+    _kill_when(_start(run_json), lambda: 5 in _losses(_records(out)))
+    assert local.committed() == [3]
+    proc = _start(run_json, fault_env("save_delay:seconds=2"))
+    _kill_when(proc, lambda: any(local.partial_path(6).glob("ds/*.pt")))
+    assert local.committed() == [3] and 6 in local.partials()
+    _finish(_start(run_json), run_json)
+
+    records = _records(out)
+    assert [(r["step"], r["universal"]) for r in records if r["event"] == "resumed"] == [(3, False), (3, False)]
+    train = [r for r in records if r["event"] == "train"]
+    assert {r["step"] for r in train} == set(reference)
+    assert [(r["step"], r["loss"]) for r in train if r["loss"] != reference[r["step"]]] == []
+    assert local.committed() == [3, 6, 9, 12] and not local.partials()
+    manifest = local.verify(steps)
+    assert manifest["world_size"] == 2 and manifest["config"]["parallel"]["pipeline"] == 2
