@@ -94,3 +94,22 @@ def pipeline_module(model: CausalLM, *, stages: int, topology=None):
     where = {"topology": topology} if topology is not None else {"num_stages": stages}
     return PipelineModule(layers=layers, loss_fn=PipelineLoss(cfg.z_loss), partition_method="type:BlockStage",
                           **where)
+
+
+def causal_lm_weights(ds_folder) -> dict[str, torch.Tensor]:
+    """CausalLM's state_dict from a pipeline step's DeepSpeed files (export, init_from, evaluation read weights so).
+    DeepSpeed writes one layer_<i>-model_states.pt per layer of the PipelineModule, in pipeline_module's order:
+    the embedding, the blocks, then the norm and head."""
+    from pathlib import Path
+
+    files = sorted(Path(ds_folder).glob("layer_*-model_states.pt"))
+    last = len(files) - 1
+    state = {}
+    for i, file in enumerate(files):
+        layer = torch.load(file, map_location="cpu", weights_only=True)
+        for name, tensor in layer.items():
+            if i == 0 or i == last:  # EmbeddingStage's tok_emb; HeadStage's norm and head
+                state[f"transformer.{name}"] = tensor
+            else:  # BlockStage's block.<...> is blocks.<i - 1>.<...>
+                state[f"transformer.blocks.{i - 1}.{name.removeprefix('block.')}"] = tensor
+    return state

@@ -92,3 +92,10 @@ def test_a_pipeline_killed_mid_step_then_mid_save_resumes_bit_identically(tmp_pa
     assert local.committed() == [3, 6, 9, 12] and not local.partials()
     manifest = local.verify(steps)
     assert manifest["world_size"] == 2 and manifest["config"]["parallel"]["pipeline"] == 2
+
+    # Its weights read back as CausalLM's (export, init_from): every parameter, named as the unpipelined model's.
+    from trainer.model import CausalLM
+    from trainer.weights import checkpoint_weights, model_config
+
+    weights, _ = checkpoint_weights(local.path(steps))
+    CausalLM(model_config(manifest)).load_state_dict(weights, strict=True)
