@@ -99,3 +99,53 @@ def test_a_pipeline_killed_mid_step_then_mid_save_resumes_bit_identically(tmp_pa
 
     weights, _ = checkpoint_weights(local.path(steps))
     CausalLM(model_config(manifest)).load_state_dict(weights, strict=True)
+
+
+def _config(**sections):
+    from trainer.config import RunConfig, from_dict
+
+    return from_dict(RunConfig, _settings("/tmp/unused", 2, **sections))
+
+
+def test_the_pipeline_settings_are_accepted_and_the_data_parallel_size_follows_from_them():
+    from trainer.config import BatchConfig
+    from trainer.engine import deepspeed_config
+
+    cfg = _config()
+    assert cfg.parallel.pipeline == 2
+    # 4 ranks, 2 stages: 2 data-parallel replicas, each with global_batch / (micro_batch × 2) = 2 micro-batches.
+    ds = deepspeed_config(cfg, 4)
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (8, 2, 2)
+    assert ds["gradient_clipping"] == 0.0  # the gate clips, by the norm over every stage (trainer.engine.PreClipNorm)
+    with pytest.raises(ValueError, match=r"parallel.pipeline \(2\) must divide the world size \(3\)"):
+        BatchConfig(global_batch=8, micro_batch=2).check_world(3, pipeline=2)
+    BatchConfig(global_batch=8, micro_batch=4).check_world(4, pipeline=2)  # 4 × 2 replicas = 8: fine
+    with pytest.raises(ValueError, match=r"batch.global_batch \(8\) must be a multiple of .* \(4 × 4 = 16\)"):
+        BatchConfig(global_batch=8, micro_batch=4).check_world(4, pipeline=1)
+
+
+@pytest.mark.parametrize("sections, message", [
+    ({"parallel": {"pipeline": 0}}, r"parallel.pipeline must be >= 1, got 0"),
+    ({"parallel": {"stages": 2}}, r"parallel.stages: unknown field \(known: pipeline\)"),
+    ({"parallel": {"pipeline": 8}}, r"model.n_layers \(4\) must be >= parallel.pipeline \(8\)"),
+    ({"batch": {"sequence_parallel": 2}}, r"batch.sequence_parallel > 1 cannot be combined with parallel.pipeline"),
+    ({"model": {"activation_checkpointing": "full"}}, r"model.activation_checkpointing must be \"none\""),
+    ({"deepspeed": {"zero_stage": 1}}, r"deepspeed.zero_stage must be 0 with parallel.pipeline"),
+    ({"deepspeed": {"bf16": True}}, r"deepspeed.bf16 must be false or \"auto\" with parallel.pipeline"),
+    ({"batch": {"ramp_start": 4, "ramp_tokens": 1024}}, r"batch.ramp_start: a batch-size ramp cannot be combined"),
+    ({"sdc": {"enabled": True}}, r"sdc.enabled must be false with parallel.pipeline"),
+    ({"straggler": {"enabled": True}}, r"straggler.enabled must be false with parallel.pipeline"),
+    ({"health": {"interval": 10}}, r"health.interval must be 0 with parallel.pipeline"),
+    ({"metrics": {"downstream_interval": 5}}, r"metrics.downstream_interval must be 0 with parallel.pipeline"),
+])
+def test_what_a_pipeline_cannot_do_is_refused_naming_the_field(sections, message):
+    with pytest.raises(ValueError, match=message):
+        _config(**sections)
+
+
+def test_without_a_pipeline_nothing_is_refused():
+    from trainer.config import RunConfig, from_dict
+
+    cfg = from_dict(RunConfig, run_dict("/tmp/unused", model={"activation_checkpointing": "full"},
+                                        deepspeed={"zero_stage": 3, "bf16": True}))
+    assert cfg.parallel.pipeline == 1 and cfg.sdc.enabled
