@@ -457,19 +457,34 @@ class RunConfig(_Config):
                                                 "parallel.pipeline > 1 (DeepSpeed's pipeline fixes its micro-batch "
                                                 "count when built)"),
             # These compare or probe every rank's own loss, gradients and activations as if each held the whole
-            # model; a pipeline stage holds a part of it.
-            (self.sdc.enabled, "sdc.enabled must be false with parallel.pipeline > 1 (the per-rank loss and "
-                               "gradient-norm comparison assumes every rank holds the whole model)"),
-            (self.straggler.enabled, "straggler.enabled must be false with parallel.pipeline > 1 (stages do "
-                                     "different work, so their step times are not comparable)"),
-            (self.health.interval != 0, "health.interval must be 0 with parallel.pipeline > 1 (per-layer health "
-                                        "figures are not gathered over stages)"),
+            # model; a pipeline stage holds a part of it. On by default, they are turned off for a pipeline
+            # (pipeline_off, logged at start); asked for in the config, refused.
+            ("enabled" in self.sdc.model_fields_set and self.sdc.enabled,
+             "sdc.enabled must be false with parallel.pipeline > 1 (the per-rank loss and gradient-norm comparison "
+             "assumes every rank holds the whole model)"),
+            ("enabled" in self.straggler.model_fields_set and self.straggler.enabled,
+             "straggler.enabled must be false with parallel.pipeline > 1 (stages do different work, so their step "
+             "times are not comparable)"),
+            ("interval" in self.health.model_fields_set and self.health.interval != 0,
+             "health.interval must be 0 with parallel.pipeline > 1 (per-layer health figures are not gathered "
+             "over stages)"),
             (self.metrics.downstream_interval != 0, "metrics.downstream_interval must be 0 with "
                                                     "parallel.pipeline > 1 (zero-shot scoring needs the whole model)"),
         ]
         for bad, message in refused:
             if bad:
                 raise ValueError(message)
+
+    def pipeline_off(self) -> tuple["RunConfig", list[str]]:
+        """This config with the per-rank checks a pipeline cannot run turned off (RunConfig._check_pipeline), and
+        the fields turned off; unchanged without a pipeline."""
+        if self.parallel.pipeline == 1:
+            return self, []
+        off = {"sdc": {"enabled": False}, "straggler": {"enabled": False}, "health": {"interval": 0}}
+        changed = [f"{section}.{field}" for section, fields in off.items() for field, value in fields.items()
+                   if getattr(getattr(self, section), field) != value]
+        return self.model_copy(update={section: getattr(self, section).model_copy(update=fields)
+                                       for section, fields in off.items()}), changed
 
     def to_dict(self) -> dict:
         """What checkpoint manifests store; from_dict reads it back (resume, init_from, export)."""

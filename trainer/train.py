@@ -118,6 +118,7 @@ class Trainer:
     def __init__(self, cfg: RunConfig, *, dist: Dist | None = None, train_source: BatchSource | None = None,
                  val_sources: dict[str, BatchSource] | None = None):
         begun = time.perf_counter()
+        cfg, pipeline_off = cfg.pipeline_off()  # the per-rank checks a pipeline cannot run (logged below)
         self.cfg = cfg
         self.dist = dist or init_distributed(timeout_s=cfg.watchdog.collective_timeout_s)
         if train_source is None:
@@ -149,6 +150,9 @@ class Trainer:
                                    flops_per_token=flops_per_token(n_matmul, cfg.model, cfg.batch.seq_len),
                                    train_tokens=cfg.train_tokens)
             self.watchdog.on_fire = self.metrics.log_event
+            if pipeline_off:
+                self.metrics.log_event({"event": "pipeline_off", "fields": pipeline_off,
+                                        "reason": "parallel.pipeline > 1: a stage holds a part of the model"})
             if getattr(train_source, "left_out", None):
                 self.metrics.log_event({"event": "sources_left_out", "sources": train_source.left_out,
                                         "reason": f"no document of {cfg.data.min_doc_tokens} tokens or more"})

@@ -15,16 +15,13 @@ from tests.trainer.conftest import read_metrics, run_dict
 REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 
-# What a pipeline run must turn off (RunConfig._check_pipeline says why); the unpipelined reference runs alike.
-PIPELINE_OFF = {"sdc": {"enabled": False}, "straggler": {"enabled": False}, "health": {"interval": 0}}
-
 
 def _settings(out, pipeline: int, **sections) -> dict:
     """10 steps of 8 sequences of 64 tokens, 4 blocks (2 a stage), z_loss on, fp32 ZeRO-0; `sections` override."""
     base = {"train_tokens": 10 * 8 * 64, "model": {"n_layers": 4, "z_loss": 1e-4},
             "deepspeed": {"zero_stage": 0, "bf16": False}, "parallel": {"pipeline": pipeline},
             "batch": {"global_batch": 8, "micro_batch": 2, "seq_len": 64},
-            "metrics": {"log_interval": 1, "eval_batches": 1, "tensorboard": False}, **PIPELINE_OFF}
+            "metrics": {"log_interval": 1, "eval_batches": 1, "tensorboard": False}}
     for key, value in sections.items():
         base[key] = {**base[key], **value} if isinstance(value, dict) and isinstance(base.get(key), dict) else value
     return run_dict(out, **base)
@@ -53,6 +50,8 @@ def test_a_two_stage_pipeline_trains_as_the_unpipelined_model(tmp_path):
     assert losses(piped) == pytest.approx(losses(whole), rel=1e-5)
     val = lambda records: [r for r in records if r.get("event") == "eval"][-1]
     assert val(piped)["val_loss"] == pytest.approx(val(whole)["val_loss"], rel=1e-5)
+    [off] = [r for r in piped if r.get("event") == "pipeline_off"]
+    assert off["fields"] == ["sdc.enabled", "straggler.enabled", "health.interval"]
 
 
 @pytest.mark.slow  # three 2-rank pipeline runs (one uninterrupted, one killed twice and resumed): ~2 min on 2 cores
@@ -143,9 +142,17 @@ def test_what_a_pipeline_cannot_do_is_refused_naming_the_field(sections, message
         _config(**sections)
 
 
+def test_the_checks_a_pipeline_cannot_run_are_turned_off_when_left_at_their_defaults():
+    cfg, off = _config().pipeline_off()
+    assert off == ["sdc.enabled", "straggler.enabled", "health.interval"]
+    assert not cfg.sdc.enabled and not cfg.straggler.enabled and cfg.health.interval == 0
+    _, off = _config(sdc={"enabled": False}).pipeline_off()
+    assert off == ["straggler.enabled", "health.interval"]
+
+
 def test_without_a_pipeline_nothing_is_refused():
     from trainer.config import RunConfig, from_dict
 
     cfg = from_dict(RunConfig, run_dict("/tmp/unused", model={"activation_checkpointing": "full"},
                                         deepspeed={"zero_stage": 3, "bf16": True}))
-    assert cfg.parallel.pipeline == 1 and cfg.sdc.enabled
+    assert cfg.parallel.pipeline == 1 and cfg.sdc.enabled and cfg.pipeline_off() == (cfg, [])
