@@ -27,10 +27,10 @@ def _settings(out, pipeline: int, **sections) -> dict:
     return run_dict(out, **base)
 
 
-def _run(tmp_path, name: str, ranks: int, pipeline: int, **sections) -> list[dict]:
+def _run(tmp_path, name: str, ranks: int, pipeline: int, env=None, **sections) -> list[dict]:
     config = tmp_path / f"{name}.json"
     config.write_text(json.dumps(_settings(tmp_path / name, pipeline, **sections)))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", **(env or {})}
     launcher = [TORCHRUN, "--standalone", "--nproc_per_node", str(ranks)] if ranks > 1 else [sys.executable]
     done = subprocess.run([*launcher, "-m", "trainer", "--config", str(config)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=900)
@@ -43,10 +43,17 @@ def test_a_two_stage_pipeline_trains_as_the_unpipelined_model(tmp_path):
     """parallel.pipeline 2 on 2 ranks (one data-parallel replica, m = 4 micro-batches a step, 2 blocks a stage)
     against 1 rank without a pipeline on the same samples and the same initial weights, fp32: the same losses for
     10 steps (document masks, restarting positions and z_loss included), the same held-out loss at the end."""
-    piped = _run(tmp_path, "piped", 2, 2, checkpoint={"save_final": False})
-    whole = _run(tmp_path, "whole", 1, 1, checkpoint={"save_final": False})
+    from tests.trainer.faults import fault_env
+
+    # Step 4 is refused before the update (as the spike guard refuses a spike): the pipeline's gate must leave
+    # every stage's weights and Adam state untouched, as the unpipelined step does.
+    skip = fault_env("skip:step=4")
+    piped = _run(tmp_path, "piped", 2, 2, env=skip, checkpoint={"save_final": False})
+    whole = _run(tmp_path, "whole", 1, 1, env=skip, checkpoint={"save_final": False})
     losses = lambda records: [r["loss"] for r in records if r.get("event") == "train"]
     assert len(losses(whole)) == 10
+    skipped = lambda records: [r["step"] for r in records if r.get("event") == "skip"]
+    assert skipped(piped) == skipped(whole) == [4]
     assert losses(piped) == pytest.approx(losses(whole), rel=1e-5)
     val = lambda records: [r for r in records if r.get("event") == "eval"][-1]
     assert val(piped)["val_loss"] == pytest.approx(val(whole)["val_loss"], rel=1e-5)
