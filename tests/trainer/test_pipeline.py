@@ -38,17 +38,19 @@ def _run(tmp_path, name: str, ranks: int, pipeline: int, env=None, **sections) -
     return read_metrics(tmp_path / name)
 
 
-@pytest.mark.slow  # a 2-rank pipeline under torchrun and a 1-rank run: ~1-2 min on 2 cores
-def test_a_two_stage_pipeline_trains_as_the_unpipelined_model(tmp_path):
-    """parallel.pipeline 2 on 2 ranks (one data-parallel replica, m = 4 micro-batches a step, 2 blocks a stage)
-    against 1 rank without a pipeline on the same samples and the same initial weights, fp32: the same losses for
-    10 steps (document masks, restarting positions and z_loss included), the same held-out loss at the end."""
+@pytest.mark.slow  # a 2- or 4-rank pipeline under torchrun and a 1-rank run: ~30 s each on 2 cores
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_a_two_stage_pipeline_trains_as_the_unpipelined_model(tmp_path, ranks):
+    """parallel.pipeline 2 on 2 ranks (one data-parallel replica, m = 4 micro-batches a step, 2 blocks a stage) or 4
+    (two replicas of 2 micro-batches) against 1 rank without a pipeline on the same samples and the same initial
+    weights, fp32: the same losses for 10 steps (document masks, restarting positions and z_loss included), the same
+    held-out loss at the end."""
     from tests.trainer.faults import fault_env
 
     # Step 4 is refused before the update (as the spike guard refuses a spike): the pipeline's gate must leave
     # every stage's weights and Adam state untouched, as the unpipelined step does.
     skip = fault_env("skip:step=4")
-    piped = _run(tmp_path, "piped", 2, 2, env=skip, checkpoint={"save_final": False})
+    piped = _run(tmp_path, "piped", ranks, 2, env=skip, checkpoint={"save_final": False})
     whole = _run(tmp_path, "whole", 1, 1, env=skip, checkpoint={"save_final": False})
     losses = lambda records: [r["loss"] for r in records if r.get("event") == "train"]
     assert len(losses(whole)) == 10
