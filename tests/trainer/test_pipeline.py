@@ -165,3 +165,27 @@ def test_without_a_pipeline_nothing_is_refused():
     cfg = from_dict(RunConfig, run_dict("/tmp/unused", model={"activation_checkpointing": "full"},
                                         deepspeed={"zero_stage": 3, "bf16": True}))
     assert cfg.parallel.pipeline == 1 and cfg.sdc.enabled and cfg.pipeline_off() == (cfg, [])
+
+
+@pytest.mark.slow  # a 2-rank pipeline trainer under torchrun: ~40 s on 2 cores
+def test_the_spike_guard_rolls_a_pipeline_back_and_skips_the_window(tmp_path):
+    """As test_checkpoint's rollback test, on a 2-stage pipeline: noise in samples 56..79 (steps 7-9) is skipped
+    three times, the guard rolls back to step 6's checkpoint in a freshly built pipeline engine, the data jump the
+    window and the run reaches its token budget."""
+    settings = _settings(tmp_path / "out", 2, train_tokens=14 * 8 * 64, optim={"lr": 1e-2},
+                         metrics={"eval_batches": 0}, checkpoint={"interval_steps": 2, "keep_last": 10},
+                         guard={"warmup_steps": 4, "loss_ratio": 1.2, "max_strikes": 3, "strike_window": 5})
+    (tmp_path / "run.json").write_text(json.dumps(settings))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([TORCHRUN, "--standalone", "--nproc_per_node", "2",
+                           str(REPO / "tests/trainer/pipeline_rollback_worker.py"), str(tmp_path / "report.json"),
+                           str(tmp_path / "run.json")], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    records = read_metrics(tmp_path / "out")
+    assert [r["step"] for r in records if r["event"] == "skip"] == [7, 8, 9]
+    (rollback,) = [r for r in records if r["event"] == "rollback"]
+    assert rollback["skip_window"] == [56, 80] and rollback["to_step"] == 6 and rollback["step"] == 10
+    assert [h["samples"] for h in report["history"] if h["step"] >= 6][:2] == [[48, 56], [80, 88]]
+    summary = report["summary"]
+    assert summary["steps"] == 14 and summary["sample_index"] == 14 * 8 + 24 and summary["skipped"] == []
