@@ -356,7 +356,8 @@ class Trainer:
                 # The last stage holds the losses; summed over every rank and divided by the data-parallel
                 # replicas' micro-batches, the global mean loss, as the unpipelined step's.
                 busy = torch.tensor(time.perf_counter() - started, device=self.dist.device)
-                per_rank = gather_floats([module.pipeline_loss_sum(), torch.tensor(math.nan), busy], self.dist)
+                nan = torch.tensor(math.nan, device=self.dist.device)  # no per-rank gradient norm: a stage's is partial
+                per_rank = gather_floats([module.pipeline_loss_sum(), nan, busy], self.dist)
                 rec.loss = sum(r[0] for r in per_rank) / (accum * module.dp_size)
                 rec.figures = {"loss": [r[0] / accum for r in per_rank], "grad_norm": [r[1] for r in per_rank]}
                 rec.busy = [r[2] for r in per_rank]

@@ -50,15 +50,17 @@ def test_a_two_stage_pipeline_trains_as_the_unpipelined_model(tmp_path, ranks):
     # Step 4 is refused before the update (as the spike guard refuses a spike): the pipeline's gate must leave
     # every stage's weights and Adam state untouched, as the unpipelined step does.
     skip = fault_env("skip:step=4")
-    piped = _run(tmp_path, "piped", ranks, 2, env=skip, checkpoint={"save_final": False})
-    whole = _run(tmp_path, "whole", 1, 1, env=skip, checkpoint={"save_final": False})
+    # Held-out losses every 3 steps too: DeepSpeed's eval_batch between train_batch calls must not disturb them.
+    piped = _run(tmp_path, "piped", ranks, 2, env=skip, metrics={"eval_interval": 3}, checkpoint={"save_final": False})
+    whole = _run(tmp_path, "whole", 1, 1, env=skip, metrics={"eval_interval": 3}, checkpoint={"save_final": False})
     losses = lambda records: [r["loss"] for r in records if r.get("event") == "train"]
     assert len(losses(whole)) == 10
     skipped = lambda records: [r["step"] for r in records if r.get("event") == "skip"]
     assert skipped(piped) == skipped(whole) == [4]
     assert losses(piped) == pytest.approx(losses(whole), rel=1e-5)
-    val = lambda records: [r for r in records if r.get("event") == "eval"][-1]
-    assert val(piped)["val_loss"] == pytest.approx(val(whole)["val_loss"], rel=1e-5)
+    val = lambda records: [(r["step"], r["val_loss"]["text"]) for r in records if r.get("event") == "eval"]
+    assert [step for step, _ in val(whole)] == [3, 6, 9, 10]
+    assert val(piped) == [(step, pytest.approx(loss, rel=1e-5)) for step, loss in val(whole)]
     [off] = [r for r in piped if r.get("event") == "pipeline_off"]
     assert off["fields"] == ["sdc.enabled", "straggler.enabled", "health.interval"]
 
