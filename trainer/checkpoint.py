@@ -225,7 +225,6 @@ class Checkpointer:
         bf16 and fp32 engines keep their optimizer state in different shapes)."""
         if point is None:
             return False
-        self._check_pipeline(point, cfg)
         before = saved_precision(point.manifest)
         now = "bf16" if cfg.deepspeed.bf16 else "fp32"
         changed = before is not None and before["dtype"] != now
@@ -239,19 +238,6 @@ class Checkpointer:
             return False
         # fp32 ZeRO-0 keeps the whole optimizer state in the one model-states file: it loads as it is.
         return cfg.deepspeed.zero_stage > 0 or cfg.deepspeed.bf16
-
-    def _check_pipeline(self, point: ResumePoint, cfg: RunConfig) -> None:
-        """A pipeline's DeepSpeed files are per stage (its layers' weights, its share of Adam's state): they load
-        into the same stages on the same number of ranks only. No universal conversion of them is built."""
-        saved = point.manifest.get("config", {}).get("parallel", {}).get("pipeline", 1)
-        now = cfg.parallel.pipeline
-        if saved == now == 1:
-            return
-        if saved != now or point.manifest["world_size"] != self.world_size:
-            raise ResumeRefused(
-                f"checkpoint {point.path} was written by parallel.pipeline = {saved} on "
-                f"{point.manifest['world_size']} ranks; this run has parallel.pipeline = {now} on {self.world_size}: "
-                f"a pipeline checkpoint resumes only with the same parallel.pipeline and number of ranks")
 
     # -- restoring -------------------------------------------------------------------------------
 

@@ -9,6 +9,9 @@ the TrainModule's DeepSpeed files and, in trainer.json, the state_dict() of Trai
 the global sample index, which is the data loader's whole state, the skipped data windows) and of every
 callback that has one (guard, sdc, canary). The guard's rollback restores the newest checkpoint before
 the spike, then jumps the data over the window.
+
+Long because a step is one sequence to read (data, forward and backward or a pipeline's schedule, the gate, the
+callbacks), and resume, rollback and evaluation change the same state it does; split, the order would be scattered.
 """
 
 from __future__ import annotations
@@ -199,6 +202,10 @@ class Trainer:
                 torch_dist.barrier()
             weights_of = load_initial_weights(self.model, cfg.init_from, cache)
             self.metrics.log_event({"event": "initialized", "from": cfg.init_from, "step": weights_of["step"]})
+        if start is not None:  # a pipeline's step loads into the same layout only
+            from trainer.pipeline import check_resume
+
+            check_resume(start, cfg, self.dist.world_size)
         # The engine must know before it is built whether it loads shards of another world size.
         universal = self.checkpointer.needs_universal(start, cfg)
         engine_begun = time.perf_counter()
