@@ -191,3 +191,22 @@ def test_the_spike_guard_rolls_a_pipeline_back_and_skips_the_window(tmp_path):
     assert [h["samples"] for h in report["history"] if h["step"] >= 6][:2] == [[48, 56], [80, 88]]
     summary = report["summary"]
     assert summary["steps"] == 14 and summary["sample_index"] == 14 * 8 + 24 and summary["skipped"] == []
+
+
+def test_a_pipeline_step_resumes_only_with_the_same_stages_and_ranks():
+    from trainer.checkpoint import ResumeRefused
+    from trainer.checkpoint_store import ResumePoint
+    from trainer.pipeline import check_resume
+
+    def point(pipeline: int, world_size: int) -> ResumePoint:
+        return ResumePoint(step=3, path=Path("/ckpt/step-00000003"), source="local",
+                           manifest={"world_size": world_size, "config": _config(parallel={"pipeline": pipeline})
+                                     .to_dict() if pipeline > 1 else {}})
+
+    check_resume(point(2, 2), _config(), 2)
+    check_resume(point(1, 4), _config(parallel={"pipeline": 1}), 2)  # no pipeline: the universal checkpoint's case
+    with pytest.raises(ResumeRefused, match=r"written by parallel.pipeline = 2 on 2 ranks; this run has "
+                                            r"parallel.pipeline = 2 on 4"):
+        check_resume(point(2, 2), _config(), 4)
+    with pytest.raises(ResumeRefused, match=r"parallel.pipeline = 1 on 2 ranks; this run has parallel.pipeline = 2"):
+        check_resume(point(1, 2), _config(), 2)
