@@ -127,7 +127,10 @@ class TrainModule:
     @torch.no_grad()
     def loss(self, batch: dict) -> torch.Tensor:
         """The cross-entropy of a batch in eval mode (evaluation, the canary)."""
-        if self.pipeline:  # the loss as the last stage computes it, broadcast to every stage of the pipeline
+        if self.pipeline:
+            # The last stage's cross-entropy, broadcast to every stage. With several data-parallel replicas DeepSpeed
+            # also averages it over them; their micro-batches are equal in size, so the sum over ranks that
+            # Trainer.evaluate takes is unchanged.
             inputs, targets, doc_ids, positions = to_device(batch, self.dist.device)
             loss = self.engine.eval_batch(iter([((inputs, doc_ids, positions), targets)]), num_micro_batches=1)
             return loss.reshape(())  # DeepSpeed's broadcast gives it shape (1,)
