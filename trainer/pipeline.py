@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trainer.model import CausalLM, document_causal_mask, lm_loss, rope_angles
+from trainer.model import CausalLM, document_causal_mask, flex_document_mask, lm_loss, rope_angles
 
 
 class EmbeddingStage(nn.Module):
@@ -50,7 +50,10 @@ class BlockStage(nn.Module):
     def forward(self, inputs):
         x, doc_ids, positions = inputs
         cos, sin = rope_angles(positions, self.cfg.head_dim, self.cfg.rope_base)
-        return self.block(x, cos, sin, document_causal_mask(doc_ids)), doc_ids, positions
+        # The attention kernel Transformer.forward would choose (FlexAttention on CUDA under "auto").
+        use_flex = self.cfg.attention == "flex" or (self.cfg.attention == "auto" and x.is_cuda)
+        mask = flex_document_mask(doc_ids) if use_flex else document_causal_mask(doc_ids)
+        return self.block(x, cos, sin, mask), doc_ids, positions
 
 
 class HeadStage(nn.Module):

@@ -210,3 +210,32 @@ def test_a_pipeline_step_resumes_only_with_the_same_stages_and_ranks():
         check_resume(point(2, 2), _config(), 4)
     with pytest.raises(ResumeRefused, match=r"parallel.pipeline = 1 on 2 ranks; this run has parallel.pipeline = 2"):
         check_resume(point(1, 2), _config(), 2)
+
+
+@pytest.mark.parametrize("doc_positions", [True, False])
+def test_the_stages_in_a_row_compute_the_models_logits_and_loss(doc_positions):
+    """The pipeline's layers (embedding, blocks, norm + head, loss) chained by hand equal CausalLM on packed
+    sequences, document masks, restarting positions and z_loss included: what the 2-rank tests rely on."""
+    import torch
+
+    from trainer.config import ModelConfig
+    from trainer.model import CausalLM
+    from trainer.pipeline import BlockStage, EmbeddingStage, HeadStage, PipelineLoss
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=97, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, z_loss=1e-3,
+                      doc_positions=doc_positions)
+    model = CausalLM(cfg)
+    tokens = torch.randint(0, 97, (2, 17))
+    doc_ids = torch.tensor([[0] * 5 + [1] * 12, [0] * 17])
+    positions = torch.stack([torch.cat([torch.arange(5), torch.arange(12)]), torch.arange(17)])
+    inputs, targets, docs, pos = tokens[:, :-1], tokens[:, 1:], doc_ids[:, :-1], positions[:, :-1]
+    expected, _ = model(inputs, targets, docs, pos)
+    layers = [EmbeddingStage(model), *(BlockStage(model, i) for i in range(3)), HeadStage(model)]
+    x = (inputs, docs, pos)
+    for layer in layers:
+        x = layer(x)
+    assert torch.equal(x, model.transformer(inputs, doc_ids=docs, positions=pos))
+    assert torch.equal(PipelineLoss(cfg.z_loss)(x, targets), expected)
+    with torch.no_grad():  # evaluation reports the cross-entropy alone, as CausalLM's second output
+        assert torch.equal(PipelineLoss(cfg.z_loss)(x, targets), model(inputs, targets, docs, pos)[1])
