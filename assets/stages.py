@@ -51,8 +51,8 @@ from trainer.mixing import MixingConfig
 
 # Fields of RunConfig a recipe stage may set; data, output_dir, stage, lineage and the tokenizer hash
 # are filled in by the training assets.
-STAGE_FIELDS = ("train_tokens", "seed", "model", "optim", "schedule", "batch", "deepspeed", "guard", "metrics",
-                "checkpoint")
+STAGE_FIELDS = ("train_tokens", "seed", "model", "optim", "schedule", "batch", "deepspeed", "parallel", "guard",
+                "metrics", "checkpoint")
 
 
 def merge(base: dict, override: dict) -> dict:

@@ -172,13 +172,16 @@ class BatchConfig(_Config):
             if self.ramp_tokens < 0:
                 raise ValueError(f"batch.ramp_tokens must be >= 0, got {self.ramp_tokens}")
 
-    def check_world(self, world_size: int) -> None:
+    def check_world(self, world_size: int, pipeline: int = 1) -> None:
         """Every batch the run will use must split into whole micro-batches on every data-parallel rank (the ranks
-        of a sequence-parallel group share theirs)."""
+        of a sequence-parallel group share theirs, and so do the stages of a pipeline: data-parallel size =
+        world / (pipeline × sequence_parallel))."""
+        if world_size % pipeline:
+            raise ValueError(f"parallel.pipeline ({pipeline}) must divide the world size ({world_size})")
         if world_size % self.sequence_parallel:
             raise ValueError(f"batch.sequence_parallel ({self.sequence_parallel}) must divide the world size "
                              f"({world_size})")
-        world_size //= self.sequence_parallel
+        world_size //= self.sequence_parallel * pipeline
         unit = self.micro_batch * world_size
         smallest = self.ramp_start if self.ramp_start is not None else self.global_batch
         if smallest % unit:
@@ -187,6 +190,19 @@ class BatchConfig(_Config):
                 f"{name} ({smallest}) must be a multiple of batch.micro_batch × world size "
                 f"({self.micro_batch} × {world_size} = {unit})"
             )
+
+
+class ParallelConfig(_Config):
+    """How the model is split over ranks beyond data parallelism (sequence parallelism is batch.sequence_parallel)."""
+
+    # Pipeline stages (trainer.pipeline, DeepSpeed's PipelineEngine, 1F1B): every `pipeline` ranks hold one copy of
+    # the model, the transformer blocks split evenly between them; the micro-batches of a step (global batch /
+    # (micro_batch × data-parallel size)) flow through them. 1: no pipeline.
+    pipeline: int = 1
+
+    def _check(self) -> None:
+        if self.pipeline < 1:
+            raise ValueError(f"parallel.pipeline must be >= 1, got {self.pipeline}")
 
 
 class DeepSpeedConfig(_Config):
@@ -393,6 +409,7 @@ class RunConfig(_Config):
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
     batch: BatchConfig = Field(default_factory=BatchConfig)
     deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     guard: GuardConfig = Field(default_factory=GuardConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
@@ -417,6 +434,57 @@ class RunConfig(_Config):
             raise ValueError(f"train_tokens must be >= 1, got {self.train_tokens}")
         if self.init_from and self.continue_from:
             raise ValueError("init_from and continue_from: give one (weights only, or the whole run's state)")
+        if self.parallel.pipeline > 1:
+            self._check_pipeline()
+
+    def _check_pipeline(self) -> None:
+        """What the pipeline path (trainer.pipeline) does not do, refused by name rather than run wrongly."""
+        P = self.parallel.pipeline
+        refused = [
+            (self.model.n_layers < P, f"model.n_layers ({self.model.n_layers}) must be >= parallel.pipeline ({P}): "
+                                      "every stage holds at least one block"),
+            (self.batch.sequence_parallel > 1, "batch.sequence_parallel > 1 cannot be combined with "
+                                               "parallel.pipeline > 1 (Ulysses inside pipeline stages is not built)"),
+            (self.model.activation_checkpointing != "none",
+             "model.activation_checkpointing must be \"none\" with parallel.pipeline > 1 (recomputation inside "
+             "pipeline stages is not built)"),
+            (self.deepspeed.zero_stage != 0, "deepspeed.zero_stage must be 0 with parallel.pipeline > 1 (DeepSpeed "
+                                             "refuses ZeRO-2/3 with a pipeline; ZeRO-1's gradient norm over stages "
+                                             "is not checked here)"),
+            (self.deepspeed.bf16 is True, "deepspeed.bf16 must be false or \"auto\" with parallel.pipeline > 1 "
+                                          "(the pipeline trains in fp32 only)"),
+            (self.batch.ramp_start is not None, "batch.ramp_start: a batch-size ramp cannot be combined with "
+                                                "parallel.pipeline > 1 (DeepSpeed's pipeline fixes its micro-batch "
+                                                "count when built)"),
+            # These compare or probe every rank's own loss, gradients and activations as if each held the whole
+            # model; a pipeline stage holds a part of it. On by default, they are turned off for a pipeline
+            # (pipeline_off, logged at start); asked for in the config, refused.
+            ("enabled" in self.sdc.model_fields_set and self.sdc.enabled,
+             "sdc.enabled must be false with parallel.pipeline > 1 (the per-rank loss and gradient-norm comparison "
+             "assumes every rank holds the whole model)"),
+            ("enabled" in self.straggler.model_fields_set and self.straggler.enabled,
+             "straggler.enabled must be false with parallel.pipeline > 1 (stages do different work, so their step "
+             "times are not comparable)"),
+            ("interval" in self.health.model_fields_set and self.health.interval != 0,
+             "health.interval must be 0 with parallel.pipeline > 1 (per-layer health figures are not gathered "
+             "over stages)"),
+            (self.metrics.downstream_interval != 0, "metrics.downstream_interval must be 0 with "
+                                                    "parallel.pipeline > 1 (zero-shot scoring needs the whole model)"),
+        ]
+        for bad, message in refused:
+            if bad:
+                raise ValueError(message)
+
+    def pipeline_off(self) -> tuple["RunConfig", list[str]]:
+        """This config with the per-rank checks a pipeline cannot run turned off (RunConfig._check_pipeline), and
+        the fields turned off; unchanged without a pipeline."""
+        if self.parallel.pipeline == 1:
+            return self, []
+        off = {"sdc": {"enabled": False}, "straggler": {"enabled": False}, "health": {"interval": 0}}
+        changed = [f"{section}.{field}" for section, fields in off.items() for field, value in fields.items()
+                   if getattr(getattr(self, section), field) != value]
+        return self.model_copy(update={section: getattr(self, section).model_copy(update=fields)
+                                       for section, fields in off.items()}), changed
 
     def to_dict(self) -> dict:
         """What checkpoint manifests store; from_dict reads it back (resume, init_from, export)."""

@@ -62,8 +62,8 @@ def init_distributed(*, timeout_s: float | None = None) -> Dist:
 
 
 def deepspeed_config(cfg: RunConfig, world_size: int, *, load_universal: bool = False) -> dict:
-    b = cfg.batch
-    b.check_world(world_size)
+    b, P = cfg.batch, cfg.parallel.pipeline
+    b.check_world(world_size, P)
     assert isinstance(cfg.deepspeed.bf16, bool), "resolve deepspeed.bf16 first (trainer.precision)"
     own_clip = _gate_clips(cfg)
     # DeepSpeed counts every rank as data-parallel, the ranks of a sequence-parallel group too (they average
@@ -71,7 +71,8 @@ def deepspeed_config(cfg: RunConfig, world_size: int, *, load_universal: bool = 
     config = {
         "train_batch_size": b.global_batch * b.sequence_parallel,
         "train_micro_batch_size_per_gpu": b.micro_batch,
-        "gradient_accumulation_steps": b.global_batch * b.sequence_parallel // (b.micro_batch * world_size),
+        # The stages of a pipeline share their micro-batches: its m micro-batches are the accumulation steps.
+        "gradient_accumulation_steps": b.global_batch * b.sequence_parallel * P // (b.micro_batch * world_size),
         "gradient_clipping": 0.0 if own_clip else cfg.optim.grad_clip,
         "bf16": {"enabled": cfg.deepspeed.bf16},
         "zero_optimization": {"stage": cfg.deepspeed.zero_stage},
@@ -107,10 +108,13 @@ def _gate_clips(cfg: RunConfig) -> bool:
 class PreClipNorm:
     """The pre-clip global grad norm of the step being taken, wherever DeepSpeed keeps it."""
 
-    def __init__(self, engine, optimizer: GatedAdamW, clip: float, self_clip: bool):
+    def __init__(self, engine, optimizer: GatedAdamW, clip: float, self_clip: bool, stages=None):
         self.engine, self.optimizer, self.clip, self.self_clip = engine, optimizer, clip, self_clip
+        self.stages = stages  # a pipeline's process group: each stage holds a part of the gradients
 
     def __call__(self) -> float:
+        if self.stages is not None:
+            return self._clip_over_stages()
         if self.self_clip:
             # Gradients here are full and already averaged over ranks (ZeRO-0 all-reduces at the boundary).
             params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
@@ -120,14 +124,29 @@ class PreClipNorm:
         norm = self.engine.optimizer._global_grad_norm
         return float(norm)
 
+    def _clip_over_stages(self) -> float:
+        """The global norm of a pipeline's gradients (each stage's sum of squares, summed over the stages) and
+        the clip by it. DeepSpeed 0.19.8's own clip (runtime.utils.clip_grad_norm_ with the pipeline's grid) counts
+        only the gradients of the stage whose model-parallel rank is 0, so it would clip by the first stage's norm."""
+        grads = [p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        squares = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum()
+        torch_dist.all_reduce(squares, group=self.stages)
+        norm = squares.sqrt()
+        if self.clip > 0:
+            coef = torch.clamp(self.clip / (norm + 1e-6), max=1.0)  # torch's clip_grad_norm_ rule
+            for g in grads:
+                g.mul_(coef)
+        return float(norm)
+
 
 def build_engine(model: torch.nn.Module, cfg: RunConfig, dist: Dist, *, load_universal: bool = False):
     import deepspeed
 
-    optimizer = build_optimizer(model, cfg.optim)
+    optimizer = build_optimizer(model, cfg.optim)  # a pipeline stage: only its own layers' parameters
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
                                            config=deepspeed_config(cfg, dist.world_size, load_universal=load_universal))
-    norm = PreClipNorm(engine, optimizer, cfg.optim.grad_clip, _gate_clips(cfg))
+    stages = engine.grid.get_pipe_parallel_group() if cfg.parallel.pipeline > 1 else None
+    norm = PreClipNorm(engine, optimizer, cfg.optim.grad_clip, _gate_clips(cfg), stages=stages)
     return engine, optimizer, norm
 
 

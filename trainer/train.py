@@ -9,6 +9,9 @@ the TrainModule's DeepSpeed files and, in trainer.json, the state_dict() of Trai
 the global sample index, which is the data loader's whole state, the skipped data windows) and of every
 callback that has one (guard, sdc, canary). The guard's rollback restores the newest checkpoint before
 the spike, then jumps the data over the window.
+
+Long because a step is one sequence to read (data, forward and backward or a pipeline's schedule, the gate, the
+callbacks), and resume, rollback and evaluation change the same state it does; split, the order would be scattered.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from trainer.guard import GuardStop, RollbackRequested, SpikeGuard, TooManySkips
 from trainer.metrics import Metrics, flops_per_token
 from trainer.optim import batch_at, lr_at, set_lr
 from trainer.peak import device_peak
-from trainer.precision import resolve_precision
+from trainer.precision import Precision, resolve_precision
 from trainer.train_module import TrainModule, gather_floats
 from trainer.watchdog import StepWatchdog
 from trainer.weights import continue_run, continued_step
@@ -118,6 +121,7 @@ class Trainer:
     def __init__(self, cfg: RunConfig, *, dist: Dist | None = None, train_source: BatchSource | None = None,
                  val_sources: dict[str, BatchSource] | None = None):
         begun = time.perf_counter()
+        cfg, pipeline_off = cfg.pipeline_off()  # the per-rank checks a pipeline cannot run (logged below)
         self.cfg = cfg
         self.dist = dist or init_distributed(timeout_s=cfg.watchdog.collective_timeout_s)
         if train_source is None:
@@ -149,6 +153,9 @@ class Trainer:
                                    flops_per_token=flops_per_token(n_matmul, cfg.model, cfg.batch.seq_len),
                                    train_tokens=cfg.train_tokens)
             self.watchdog.on_fire = self.metrics.log_event
+            if pipeline_off:
+                self.metrics.log_event({"event": "pipeline_off", "fields": pipeline_off,
+                                        "reason": "parallel.pipeline > 1: a stage holds a part of the model"})
             if getattr(train_source, "left_out", None):
                 self.metrics.log_event({"event": "sources_left_out", "sources": train_source.left_out,
                                         "reason": f"no document of {cfg.data.min_doc_tokens} tokens or more"})
@@ -172,8 +179,12 @@ class Trainer:
         # bf16 or fp32, by the hardware unless forced; a resumed (or continued) run keeps what it started with.
         # From here on cfg says which (true / false), so the engine, checkpoints and evaluation see one answer.
         start = point or source
-        self.precision = resolve_precision(cfg.deepspeed.bf16, self.dist.device,
-                                           resumed=saved_precision(start.manifest) if start is not None else None)
+        if cfg.parallel.pipeline > 1:  # fp32 only (RunConfig refuses bf16 true with a pipeline)
+            self.precision = Precision(bf16=False, requested=str(cfg.deepspeed.bf16).lower(),
+                                       reason="parallel.pipeline > 1 trains in fp32")
+        else:
+            self.precision = resolve_precision(cfg.deepspeed.bf16, self.dist.device,
+                                               resumed=saved_precision(start.manifest) if start is not None else None)
         self.cfg = cfg = self.module.cfg = _with_bf16(cfg, self.precision.bf16)
         self.metrics.set_peak(device_peak(self.dist.device, self.precision.dtype, cfg.metrics.peak_flops))
         self.metrics.log_event({"event": "precision", **self.precision.record()})
@@ -191,6 +202,10 @@ class Trainer:
                 torch_dist.barrier()
             weights_of = load_initial_weights(self.model, cfg.init_from, cache)
             self.metrics.log_event({"event": "initialized", "from": cfg.init_from, "step": weights_of["step"]})
+        if start is not None:  # a pipeline's step loads into the same layout only
+            from trainer.pipeline import check_resume
+
+            check_resume(start, cfg, self.dist.world_size)
         # The engine must know before it is built whether it loads shards of another world size.
         universal = self.checkpointer.needs_universal(start, cfg)
         engine_begun = time.perf_counter()
@@ -298,6 +313,8 @@ class Trainer:
         module.probe.start(st.step, record=False)
         for cb in self.callbacks:
             cb.pre_step(self, rec)
+        if module.pipeline:
+            return self._pipeline_step(rec, indices, accum, started)
         for m in range(accum):
             last = m == accum - 1
             loss = module.forward(self.train_source.batch(indices[m * micro:(m + 1) * micro]), last=last)
@@ -316,18 +333,51 @@ class Trainer:
             rec.verdict = Verdict(step=rec.step, apply=False, reason=rec.refused, loss=rec.loss,
                                   grad_norm=math.nan, samples=rec.samples)
         module.update(lambda: self._gate(rec))
+        return self._after_update(rec)
+
+    def _after_update(self, rec: StepRecord) -> StepRecord:
+        st = self.state
         if rec.verdict is None:
             # DeepSpeed found the gradients non-finite and skipped the update without asking the gate.
             rec.verdict = self.guard.judge(step=rec.step, loss=rec.loss, grad_norm=float("nan"), samples=rec.samples)
             assert not rec.verdict.apply
         v = rec.verdict
-        self.history.append({"step": rec.step, "loss": v.loss, "grad_norm": v.grad_norm, "lr": lr, "batch": B,
+        B, T = rec.batch, self.cfg.batch.seq_len
+        self.history.append({"step": rec.step, "loss": v.loss, "grad_norm": v.grad_norm, "lr": rec.lr, "batch": B,
                              "applied": v.apply, "samples": list(v.samples)})
         st.step += 1
         st.tokens += B * T
         st.sample_index += B
         self.metrics.count(B * T)
         return rec
+
+    def _pipeline_step(self, rec: StepRecord, indices: list[int], accum: int, started: float) -> StepRecord:
+        """One step through DeepSpeed's pipeline schedule (trainer.pipeline). Forward, backward and the update are
+        one call there, so what the loop does between backward and update elsewhere (the global loss, the
+        pre-update checks) happens in the gate, which every rank's optimizer calls once, after the gradients are
+        reduced and before any weight changes."""
+        module, micro = self.module, self.cfg.batch.micro_batch
+
+        def gate() -> bool:
+            if not rec.figures:  # the first of the optimizer's calls this step
+                # The last stage holds the losses; summed over every rank and divided by the data-parallel
+                # replicas' micro-batches, the global mean loss, as the unpipelined step's.
+                busy = torch.tensor(time.perf_counter() - started, device=self.dist.device)
+                nan = torch.tensor(math.nan, device=self.dist.device)  # no per-rank gradient norm: a stage's is partial
+                per_rank = gather_floats([module.pipeline_loss_sum(), nan, busy], self.dist)
+                rec.loss = sum(r[0] for r in per_rank) / (accum * module.dp_size)
+                rec.figures = {"loss": [r[0] / accum for r in per_rank], "grad_norm": [r[1] for r in per_rank]}
+                rec.busy = [r[2] for r in per_rank]
+                reasons = [cb.pre_update(self, rec) for cb in self.callbacks]
+                rec.refused = next((r for r in reasons if r is not None), None)
+                if rec.refused is not None:
+                    rec.verdict = Verdict(step=rec.step, apply=False, reason=rec.refused, loss=rec.loss,
+                                          grad_norm=math.nan, samples=rec.samples)
+            return self._gate(rec)
+
+        module.train_pipeline([self.train_source.batch(indices[m * micro:(m + 1) * micro]) for m in range(accum)],
+                              gate)
+        return self._after_update(rec)
 
     def _gate(self, rec: StepRecord) -> bool:
         """Inside DeepSpeed's step, once the pre-clip grad norm is known. Called by the client optimizer once
@@ -346,14 +396,17 @@ class Trainer:
         cfg, d = self.cfg, self.dist
         n, micro = cfg.metrics.eval_batches * cfg.batch.global_batch, cfg.batch.micro_batch
         losses = {}
+        # A pipeline's stages evaluate the same samples (the loss comes back on each), counted once below.
+        ranks, world = (self.module.dp_rank, self.module.dp_size) if self.module.pipeline else (d.rank, d.world_size)
+        copies = d.world_size // world
         for name, source in self.val_sources.items():
-            indices = rank_indices(0, n, d.rank, d.world_size)
+            indices = rank_indices(0, n, ranks, world)
             total = torch.zeros((), dtype=torch.float64, device=d.device)
             for i in range(0, len(indices), micro):
                 total += self.module.loss(source.batch(indices[i:i + micro])).double() * len(indices[i:i + micro])
             if d.world_size > 1:
                 torch_dist.all_reduce(total)
-            losses[name] = total.item() / n
+            losses[name] = total.item() / (n * copies)
         self.val_loss = losses
         return losses
 

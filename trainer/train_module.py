@@ -62,10 +62,21 @@ class TrainModule:
         # Sequence parallelism: this rank's group, and the data-parallel coordinates that choose its samples.
         self.sp = sequence_groups(dist.world_size, dist.rank, cfg.batch.sequence_parallel)
         self.dp_rank, self.dp_size = data_parallel(dist.rank, dist.world_size, cfg.batch.sequence_parallel)
+        # Pipeline parallelism (trainer.pipeline): DeepSpeed's grid puts rank = stage × dp_size + dp_rank, so the
+        # stages of one pipeline read the same samples.
+        self.pipeline = cfg.parallel.pipeline > 1
+        if self.pipeline:
+            self.dp_size = dist.world_size // cfg.parallel.pipeline
+            self.dp_rank = dist.rank % self.dp_size
 
     def build_engine(self, *, load_universal: bool = False) -> None:
         """The engine must know before it is built whether it loads shards of another world size."""
-        self.engine, self.optimizer, self.grad_norm = build_engine(self.model, self.cfg, self.dist,
+        model = self.model
+        if self.pipeline:
+            from trainer.pipeline import pipeline_module
+
+            model = pipeline_module(self.model, stages=self.cfg.parallel.pipeline)
+        self.engine, self.optimizer, self.grad_norm = build_engine(model, self.cfg, self.dist,
                                                                    load_universal=load_universal)
         self.batch_size = self.cfg.batch.global_batch
 
@@ -88,6 +99,23 @@ class TrainModule:
         loss, _ = self.engine(inputs, targets, doc_ids, positions)
         return loss
 
+    def train_pipeline(self, batches: list[dict], gate: Callable[[], bool]) -> None:
+        """One optimizer step of a pipeline: DeepSpeed's 1F1B schedule over the step's micro-batches (forward,
+        backward, gradient reduction, then the step, whose client optimizer asks `gate()`). Every stage passes the
+        same micro-batches: the first stage reads the inputs, the last the targets."""
+        micro = []
+        for batch in batches:
+            inputs, targets, doc_ids, positions = to_device(batch, self.dist.device)
+            micro.append(((inputs, doc_ids, positions), targets))
+        self.optimizer.gate = gate
+        self.engine.train_batch(iter(micro))
+
+    def pipeline_loss_sum(self) -> torch.Tensor:
+        """This rank's summed training loss over the micro-batches of the pipeline step in progress (0 but on the
+        last stage, which computes the losses)."""
+        total = self.engine.total_loss if self.engine.is_last_stage() else None
+        return total.detach().float() if total is not None else torch.zeros((), device=self.dist.device)
+
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss)
 
@@ -99,6 +127,13 @@ class TrainModule:
     @torch.no_grad()
     def loss(self, batch: dict) -> torch.Tensor:
         """The cross-entropy of a batch in eval mode (evaluation, the canary)."""
+        if self.pipeline:
+            # The last stage's cross-entropy, broadcast to every stage. With several data-parallel replicas DeepSpeed
+            # also averages it over them; their micro-batches are equal in size, so the sum over ranks that
+            # Trainer.evaluate takes is unchanged.
+            inputs, targets, doc_ids, positions = to_device(batch, self.dist.device)
+            loss = self.engine.eval_batch(iter([((inputs, doc_ids, positions), targets)]), num_micro_batches=1)
+            return loss.reshape(())  # DeepSpeed's broadcast gives it shape (1,)
         self.engine.eval()
         try:
             _, ce = self.engine(*to_device(batch, self.dist.device))

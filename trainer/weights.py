@@ -37,7 +37,11 @@ def checkpoint_weights(step_folder: str | Path, *, verify: bool = True) -> tuple
     ds = folder / DS_TAG
     if not ds.is_dir():
         raise ValueError(f"{folder}: no DeepSpeed files ({DS_TAG}/): not a trainer checkpoint step")
-    if any(ds.glob("*optim_states.pt")):
+    if any(ds.glob("layer_*-model_states.pt")):  # a pipeline's (parallel.pipeline > 1): one file per layer
+        from trainer.pipeline import causal_lm_weights
+
+        state = causal_lm_weights(ds)
+    elif any(ds.glob("*optim_states.pt")):
         from trainer.engine import zero_fp32_weights  # zero_to_fp32, or the shards of bf16 ZeRO-1's optimizer
 
         state = zero_fp32_weights(ds)
