@@ -9,6 +9,7 @@
                          [--recompute none|full|selective] [--sequence-parallel K] [--price USD] [--no-attention]
     pretrain plan --params 1B,7B --tokens 20B,2T [--tflops 400] [--price 2]   (a cost table by N and D)
     pretrain plan --budget 1.2e20                                              (compute-optimal N and D)
+    pretrain jobs [--json]
     pretrain lineage CHECKPOINT_URI [--json] [--no-check]
     pretrain export CHECKPOINT_URI DIR [--tokenizer tokenizer.json]
 
@@ -84,6 +85,10 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument("--source", help="source name, when ASSET is a stage name")
         if name == "docs":
             cmd.add_argument("--limit", type=int, default=None, help="stop after N documents")
+
+    cmd = sub.add_parser("jobs", help="the training jobs under PRETRAIN_HOME, live and recent, read from their own files")
+    cmd.add_argument("--json", action="store_true", help="print one JSON object per job")
+    cmd.set_defaults(command=_jobs)
 
     cmd = sub.add_parser("lineage", help="what a checkpoint was made from, read from the checkpoint alone")
     cmd.add_argument("checkpoint", help="a checkpoint step folder or a run folder (its `latest`): path, file:// or s3://")
@@ -325,6 +330,33 @@ def _status(args) -> int:
     width = max(len(row[0]) for row in rows)
     for name, state, cause in rows:
         print(f"{name:<{width}}  {state:<7}  {cause}")
+    return 0
+
+
+def _jobs(args) -> int:
+    """Every training job started under $PRETRAIN_HOME/work/training, newest first. Works without the Dagster
+    webserver or instance: the jobs' own files say it all (trainer/job.py job_summary)."""
+    import time
+
+    from assets.home import pretrain_home
+    from trainer.job import JOB_FILE, job_summary
+
+    root = pretrain_home() / "work" / "training"
+    jobs = [job_summary(path.parent) for path in root.glob(f"*/*/{JOB_FILE}")]
+    jobs.sort(key=lambda j: -j["started_at"])
+    if args.json:
+        for job in jobs:
+            print(json.dumps(job))
+        return 0
+    if not jobs:
+        print(f"no training job under {root}", file=sys.stderr)
+        return 0
+    print(f"{'stage':<12} {'state':<12} {'job':<22} {'step':>7} {'tokens':>13} {'loss':>8} {'ETA':>9} {'resumes':>7}  started")
+    for j in jobs:
+        eta = time.strftime("%H:%M:%S", time.gmtime(j["eta_s"])) if j["eta_s"] is not None else "-"
+        loss = f"{j['loss']:.4f}" if isinstance(j["loss"], float) else "-"
+        print(f"{j['stage']:<12} {j['state']:<12} {j['host'] + ':' + str(j['pid']):<22} {j['step'] or '-':>7} "
+              f"{j['tokens'] or '-':>13} {loss:>8} {eta:>9} {j['resumes']:>7}  {time.ctime(j['started_at'])}")
     return 0
 
 

@@ -21,6 +21,12 @@ _OURS = ("# Written by pretrain", "# Embedded default: SQLite storage in this fo
 
 _SQLITE = """# Written by pretrain (assets/home.py): the embedded default, SQLite storage in this folder.
 # Set PRETRAIN_DAGSTER_PG_URL for PostgreSQL; delete this first line to keep your own edits.
+# Run monitoring (the daemon): a run whose worker died is marked failed instead of hanging as "started"; its
+# training job goes on (trainer/job.py) and the next materialization of the stage follows it. The default run
+# launcher cannot resume a run (set max_resume_run_attempts with the Kubernetes or Docker one).
+run_monitoring:
+  enabled: true
+  max_resume_run_attempts: 0
 telemetry:
   enabled: false
 """
@@ -32,6 +38,12 @@ storage:
   postgres:
     postgres_url:
       env: {PG_URL_ENV}
+# Run monitoring (the daemon): a run whose worker died is marked failed instead of hanging as "started"; its
+# training job goes on (trainer/job.py) and the next materialization of the stage follows it. The default run
+# launcher cannot resume a run (set max_resume_run_attempts with the Kubernetes or Docker one).
+run_monitoring:
+  enabled: true
+  max_resume_run_attempts: 0
 telemetry:
   enabled: false
 """

@@ -7,13 +7,24 @@ The trainer process streams its progress lines into the Dagster run's log and it
 (train, eval, skip, checkpoint events) back as Pipes custom messages; the asset turns them into
 metadata. A training asset never imports torch: this is its only way to the trainer.
 
-A trainer that dies or fails is launched again, up to max_restarts times, and resumes from its newest
-committed checkpoint; each restart is logged as a warning and listed in LaunchResult.restarts. Exit
+A trainer that dies or fails is launched again, up to max_restarts times (within restart_window_hours, when
+set), and resumes from its newest committed checkpoint; each restart is logged as a warning and listed in LaunchResult.restarts. Exit
 statuses a restart cannot help (NOT_RESTARTABLE: 2 bad config, 3 spike guard, 5 silent data corruption)
 fail at once. The status comes from the trainer's <output_dir>/failure.json when it wrote one (moved aside
 to failure-<attempt>.json), else from torchrun's failure report (torchrun itself exits 1), else the
 process's own. A stage may override these fields for its launch (`launch(..., settings=)`, a recipe
 stage's `launch:` in assets/stages.py).
+
+The job outlives the Dagster run that started it (trainer/job.py): the local launchers (python, torchrun,
+deepspeed) start the command detached, in a session of its own with its output in <work>/job-<attempt>.log, and
+follow it through files in the work dir (job.json, the Pipes context and messages files, the log, the trainer's
+metrics.jsonl). A run worker that dies (SIGKILL, a restarted daemon, a redeployed code location) leaves the job
+training; the next launch in the same work dir (a new materialization of the stage, or Dagster's run monitoring
+resuming the run) finds it running and follows it instead of starting a second trainer, or finds how it ended
+while nobody watched. Stopping the Dagster run sends the job SIGINT: the trainer checkpoints and stops. The
+records of a launch are the trainer's metrics.jsonl lines from where its job started, so a launch that
+reattached has every record of the job, not only those sent after it came. Slurm launches still run srun in
+the foreground (a job that outlives the worker there needs sbatch: not built yet).
 
 How the processes start is resource configuration, never asset code:
 - launcher "python": one process (`python -m trainer`).
@@ -35,6 +46,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -48,14 +60,16 @@ from dagster import (
     DagsterExecutionInterruptedError,
     Failure,
     PipesSubprocessClient,
-    PipesTempFileContextInjector,
-    PipesTempFileMessageReader,
     open_pipes_session,
 )
 
 from resources.slurm import SlurmConfig, pipes_files, srun_command
-# trainer/exits.py is torch-free: the launcher never imports torch.
+# trainer/exits.py and trainer/job.py are torch-free: the launcher never imports torch.
 from trainer.exits import DRAIN_ENV, DRAIN_EXIT, FAILURE_FILE, NOT_RESTARTABLE
+from trainer.job import Job, read_job, start_job, write_job
+
+FOLLOW_POLL_S = 0.2  # how often a followed job's log, and its job.json, are read
+INTERRUPT_GRACE_S = 20.0  # a stopped Dagster run waits this long for the job to drain before it goes
 
 
 @dataclass
@@ -82,7 +96,10 @@ class LauncherResource(ConfigurableResource):
     master_port: int | None = None  # deepspeed: None = a free port on this machine
     env: dict[str, str] = {}  # added to the trainer's environment (e.g. OMP_NUM_THREADS, NCCL_* settings)
     slurm: SlurmConfig = SlurmConfig()  # launcher "slurm": srun over nnodes nodes (resources/slurm.py)
-    max_restarts: int = 2  # a failed trainer is launched again (resuming) up to this many times
+    max_restarts: int = 2  # a failed trainer is launched again (resuming) up to this many times...
+    # ...within any window of this many hours (None: in the whole launch). A run of weeks loses a node every few
+    # days: a lifetime count would end it, while three failures within hours say something is broken.
+    restart_window_hours: float | None = None
 
     def command(self, run_json: str | os.PathLike) -> list[str]:
         bin_dir = Path(sys.executable).parent
@@ -147,7 +164,8 @@ class LauncherResource(ConfigurableResource):
         launcher, drained = self, []
         while True:
             attempt = len(attempts) + 1
-            status, messages = launcher._attempt(context, command, {**env, **launcher._drain_env()}, work)
+            status, messages = launcher._attempt(context, command, {**env, **launcher._drain_env()}, work,
+                                                 attempt=attempt, metrics=output_dir / "metrics.jsonl")
             records += messages
             if restarts and restarts[-1]["resumed_step"] is None:
                 resumed = [r for r in messages if r.get("event") == "resumed"]
@@ -164,12 +182,20 @@ class LauncherResource(ConfigurableResource):
             if status in NOT_RESTARTABLE:
                 raise Failure(description=f"the trainer failed with code {status} ({reason}) on attempt {attempt}: "
                                           "not restarted, a restart cannot help", allow_retries=False)
-            if len(restarts) >= self.max_restarts:
-                raise Failure(description=f"the trainer failed on all {attempt} attempts (max_restarts "
-                                          f"{self.max_restarts}): {'; '.join(attempts)}. Last reason: {reason}",
+            now = time.time()
+            recent = [r for r in restarts if self.restart_window_hours is None
+                      or now - r["time"] < self.restart_window_hours * 3600]
+            if len(recent) >= self.max_restarts:
+                # Every failure that counted, each with its reason: what someone has to look at.
+                first = recent[0]["attempt"] if recent else attempt
+                failed = attempts[first - 1:]
+                counted = (f"all {attempt} attempts" if self.restart_window_hours is None else
+                           f"{len(failed)} attempts within {self.restart_window_hours:g} h")
+                raise Failure(description=f"the trainer failed on {counted} (max_restarts {self.max_restarts}): "
+                                          f"{'; '.join(failed)}. Last reason: {reason}",
                               allow_retries=False)  # the restarts were the retries
             restarts.append({"attempt": attempt, "exit_status": status, "reason": reason, "failure": failure,
-                             "resumed_step": None})
+                             "resumed_step": None, "time": now})
             if status == DRAIN_EXIT and failure is not None and failure.get("host"):
                 drained.append(failure["host"])
                 launcher = self._without(drained)
@@ -178,7 +204,8 @@ class LauncherResource(ConfigurableResource):
                 context.log.warning(f"draining {failure['host']} (a straggler): the job goes on on {launcher.nnodes} "
                                     f"node(s) without {', '.join(drained)}: " + " ".join(command))
             # Loud on purpose: a restart hides a fault (a dead node, a hang) that someone should look at.
-            context.log.warning(f"RESTART {len(restarts)}/{self.max_restarts}: the trainer failed on attempt "
+            window = f" in {self.restart_window_hours:g} h" if self.restart_window_hours is not None else ""
+            context.log.warning(f"RESTART {len(recent) + 1}/{self.max_restarts}{window}: the trainer failed on attempt "
                                 f"{attempt} ({reason}); relaunching it, it resumes from its newest committed checkpoint")
         summary_path = output_dir / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
@@ -195,21 +222,42 @@ class LauncherResource(ConfigurableResource):
         srun_args = [*self.slurm.srun_args, f"--exclude={','.join(hosts)}"]
         return self.with_settings({"nnodes": self.nnodes - len(hosts), "slurm": self.slurm.model_copy(update={"srun_args": srun_args})})
 
-    def _attempt(self, context: AssetExecutionContext, command: list[str], env: dict,
-                 work: Path) -> tuple[int, list[dict]]:
+    def _attempt(self, context: AssetExecutionContext, command: list[str], env: dict, work: Path, *,
+                 attempt: int, metrics: Path) -> tuple[int, list[dict]]:
         """One run of `command` under a Pipes session of its own: (the trainer's exit status, its records).
 
         Like PipesSubprocessClient.run, which raises on a non-zero exit and so loses the status and the
-        records a failed attempt reported. stderr is passed on to ours line by line and its tail kept:
-        torchrun exits 1 whatever its ranks did, and only its failure report says what they did."""
+        records a failed attempt reported. The command's stderr is passed on to ours line by line and its tail
+        kept: torchrun exits 1 whatever its ranks did, and only its failure report says what they did."""
         if self.launcher == "slurm":
-            # The reporting rank may be on another node, so Pipes goes through files in the shared work dir.
-            channels = pipes_files(work)
-        else:
-            channels = {"context_injector": PipesTempFileContextInjector(),
-                        "message_reader": PipesTempFileMessageReader()}
+            return self._attempt_in_foreground(context, command, env, work)
         tail: deque[str] = deque(maxlen=400)
-        with open_pipes_session(context=context, **channels) as session:
+        # Pipes through files in the work dir: a job that outlives this session goes on writing there, and a later
+        # session on the same files reads what it writes from then on.
+        with open_pipes_session(context=context, **pipes_files(work)) as session:
+            job = read_job(work)
+            if job is not None and job.alive():
+                context.log.warning(f"the training job started earlier is still running ({job.describe()}): "
+                                    "following it instead of starting another trainer")
+            elif job is not None and job.exit_status is not None and not job.extra.get("followed"):
+                context.log.warning(f"the training job ended while no run followed it ({job.describe()})")
+            else:
+                offset = metrics.stat().st_size if metrics.exists() else 0
+                job = start_job(command, work=work, env={**env, **session.get_bootstrap_env_vars()}, attempt=attempt,
+                                metrics_offset=offset, extra={"dagster_run_id": context.run.run_id})
+                context.log.info(f"started the training {job.describe()}; its output: {job.log}")
+            status = _follow(context, job, work, tail)
+        records = _records_since(metrics, job.metrics_offset)
+        if status != 0 and self.launcher == "torchrun":
+            status = _ranks_status("".join(tail), status)
+        return status, records
+
+    def _attempt_in_foreground(self, context: AssetExecutionContext, command: list[str], env: dict,
+                               work: Path) -> tuple[int, list[dict]]:
+        """srun as this process's child: the reporting rank may be on another node, so Pipes goes through
+        files in the shared work dir."""
+        tail: deque[str] = deque(maxlen=400)
+        with open_pipes_session(context=context, **pipes_files(work)) as session:
             process = Popen(command, cwd=str(work), env={**env, **session.get_bootstrap_env_vars()}, stderr=PIPE)
             tee = threading.Thread(target=_tee, args=(process.stderr, tail), daemon=True)
             tee.start()
@@ -219,16 +267,15 @@ class LauncherResource(ConfigurableResource):
                 # As PipesSubprocessClient does: a stopped Dagster run gives the trainer a chance to exit cleanly.
                 context.log.info("[pipes] execution interrupted, sending SIGINT to the trainer")
                 process.send_signal(signal.SIGINT)
-                process.wait(timeout=20)
+                process.wait(timeout=INTERRUPT_GRACE_S)
                 raise
             # A rank that outlives its launcher may hold the pipe open; the report came before the exit.
             tee.join(timeout=10)
         records = [m for m in session.get_custom_messages() if isinstance(m, dict)]
         status = process.returncode
-        if status != 0 and self.launcher in ("torchrun", "slurm"):
+        if status != 0:
             status = _ranks_status("".join(tail), status)
         return status, records
-
 
     def run_python(self, context: AssetExecutionContext, args: list[str], work_dir: str | os.PathLike) -> None:
         """One plain Python process under Pipes on this machine (an evaluation, not a training job)."""
@@ -245,6 +292,56 @@ def _free_port() -> int:
 
 # Written by the trainer when it fails ({"kind": "hang", "exit_status": 4, "rank": r, "step": s, "host": h,
 # "message": "..."}, trainer/watchdog.py): its exit_status is the one that counts, the kind and message the reason.
+
+
+def _follow(context: AssetExecutionContext, job: Job, work: Path, tail: deque) -> int:
+    """Pass the job's log on to our stderr (keeping its tail) until the job ends; its exit status. A job gone
+    without one (its wrapper killed too, the host rebooted) counts as killed: -9. Marks the job followed, so a
+    later launch starts a new one rather than reporting this end again."""
+    with open(job.log, "rb") as log:
+        try:
+            while True:
+                _pass_on(log, tail)
+                current = read_job(work)
+                if current is None or current.pid != job.pid:
+                    raise RuntimeError(f"{work / 'job.json'} no longer names the job followed ({job.describe()}): "
+                                       "another launch took over this work dir")
+                if current.exit_status is not None or not current.alive():
+                    break
+                time.sleep(FOLLOW_POLL_S)
+        except DagsterExecutionInterruptedError:
+            # The Dagster run was stopped: the job checkpoints and stops (it would outlive a run that died).
+            context.log.info("[pipes] execution interrupted: asking the training job to checkpoint and stop (SIGINT)")
+            job.signal(signal.SIGINT)
+            deadline = time.monotonic() + INTERRUPT_GRACE_S
+            while job.alive() and time.monotonic() < deadline:
+                time.sleep(FOLLOW_POLL_S)
+            if job.alive():
+                context.log.warning(f"the job did not stop within {INTERRUPT_GRACE_S:.0f} s: killing it")
+                job.kill()
+            raise
+        _pass_on(log, tail)
+    status = current.exit_status if current.exit_status is not None else -signal.SIGKILL
+    current.extra["followed"] = True
+    write_job(work, current)
+    return status
+
+
+def _pass_on(log, tail: deque) -> None:
+    for line in iter(log.readline, b""):
+        os.write(2, line)
+        tail.append(line.decode(errors="replace"))
+
+
+def _records_since(metrics: Path, offset: int) -> list[dict]:
+    """The trainer's metric records from byte `offset` of metrics.jsonl on (what its job wrote). NaN and
+    infinities become strings, as they do through Pipes (metadata is JSON)."""
+    if not metrics.exists():
+        return []
+    with open(metrics, "rb") as f:
+        f.seek(offset)
+        lines = f.read().splitlines()
+    return [json.loads(line, parse_constant=lambda c: str(float(c))) for line in lines if line.strip()]
 
 
 def _tee(stream, tail: deque) -> None:

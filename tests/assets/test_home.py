@@ -87,8 +87,10 @@ def test_sqlite_is_the_default_and_postgres_comes_from_the_environment(monkeypat
         assert "secret" not in str(err.value)
 
 
-def test_dagster_yaml_texts_parse_and_telemetry_is_off(monkeypatch):
+def test_dagster_yaml_texts_parse_telemetry_is_off_and_run_monitoring_on(monkeypatch):
     monkeypatch.delenv(PG_URL_ENV, raising=False)
-    assert yaml.safe_load(dagster_yaml()) == {"telemetry": {"enabled": False}}
+    monitoring = {"enabled": True, "max_resume_run_attempts": 0}
+    assert yaml.safe_load(dagster_yaml()) == {"telemetry": {"enabled": False}, "run_monitoring": monitoring}
     monkeypatch.setenv(PG_URL_ENV, home.PG_SCHEME + "u@h:1/d")
     assert yaml.safe_load(dagster_yaml())["telemetry"] == {"enabled": False}
+    assert yaml.safe_load(dagster_yaml())["run_monitoring"] == monitoring

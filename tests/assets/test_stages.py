@@ -126,7 +126,7 @@ def test_the_sweep_has_its_schedule_and_the_sensor_that_keeps_it_going():
          "training.long_context[0] (long_512).launch.launcher: Input should be 'python', 'torchrun'"),
         (lambda raw: raw["training"]["anneal"].update(launch={"procs": 2}),
          "training.anneal.launch.procs: not a launch field (launch sets launcher, nproc_per_node, nnodes, max_restarts, "
-         "slurm)"),
+         "restart_window_hours, slurm)"),
         (lambda raw: raw["training"]["main"].update(launch={"launcher": "slurm", "slurm": {"partiton": "gpu"}}),
          "training.main.launch.slurm: partiton: not a slurm field (slurm sets partition, time"),
         (lambda raw: raw["training"]["main"].update(launch={"launcher": "python", "nproc_per_node": 2}),

@@ -83,7 +83,8 @@ def test_a_failing_trainer_fails_the_asset_with_its_error(tmp_path):
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 # Stands in for the trainer's ways of ending (the real trainer is used below where it can fail on cue): attempt k
-# reports itself through Pipes (and, from the second on, a "resumed" record), then ends as run.json's
+# reports itself through Pipes and in out/metrics.jsonl, as the trainer does (and, from the second on, a "resumed"
+# record), then ends as run.json's
 # plan[k-1] says: 0 (summary.json written), a status, "kill" (SIGKILL to itself), "hang" (failure.json and 4).
 FAKE_TRAINER = '''
 import json, os, signal, sys
@@ -97,10 +98,11 @@ attempt = len(count.read_text()) + 1 if count.exists() else 1
 end = run["plan"][min(attempt, len(run["plan"])) - 1]
 if os.environ.get("RANK", "0") == "0":  # one writer, as the trainer's rank 0
     count.write_text("x" * attempt)
-    with open_dagster_pipes() as pipes:
-        pipes.report_custom_message({"event": "attempt", "n": attempt})
-        if attempt > 1:
-            pipes.report_custom_message({"event": "resumed", "step": 3 * (attempt - 1)})
+    records = [{"event": "attempt", "n": attempt}] + ([{"event": "resumed", "step": 3 * (attempt - 1)}] if attempt > 1 else [])
+    with open_dagster_pipes() as pipes, open(out / "metrics.jsonl", "a") as metrics:
+        for record in records:
+            pipes.report_custom_message(record)
+            metrics.write(json.dumps(record) + "\\n")
 if end == "kill":
     os.kill(os.getpid(), signal.SIGKILL)
 if end == "hang":
@@ -195,6 +197,25 @@ def test_when_the_restarts_run_out_the_launch_fails_naming_every_attempt(tmp_pat
             "killed by SIGKILL; attempt 2: exit status 7. Last reason: exit status 7") in error
     assert (tmp_path / "out" / "attempts").read_text() == "xx"  # no third attempt
     assert sum(m.startswith("RESTART") for m in logs) == 1
+
+
+def test_restarts_count_within_a_window_so_failures_spread_out_do_not_end_a_long_run(tmp_path):
+    """Three failures (max_restarts 2) inside the window stop the job, every reason listed; the same three spread
+    over longer than the window do not (here the window is shorter than one attempt: none counts against the next)."""
+    config, script = _fake(tmp_path / "inside", ["kill", 7, "kill", 0])
+    _, logs, error = _materialize(_launching_asset(config, tmp_path / "inside" / "work"),
+                                  ScriptLauncher(script=str(script), max_restarts=2, restart_window_hours=6))
+    assert ("the trainer failed on 3 attempts within 6 h (max_restarts 2): attempt 1: exit status -9: a trainer "
+            "process was killed by SIGKILL; attempt 2: exit status 7; attempt 3: exit status -9") in error
+    assert (tmp_path / "inside" / "out" / "attempts").read_text() == "xxx"
+    assert [m.split(":")[0] for m in logs if m.startswith("RESTART")] == ["RESTART 1/2 in 6 h", "RESTART 2/2 in 6 h"]
+
+    config, script = _fake(tmp_path / "spread", ["kill", 7, "kill", 0])
+    metadata, logs, error = _materialize(_launching_asset(config, tmp_path / "spread" / "work"),
+                                         ScriptLauncher(script=str(script), max_restarts=2, restart_window_hours=1e-7))
+    assert error is None, error
+    assert metadata["restarts"] == 3 and (tmp_path / "spread" / "out" / "attempts").read_text() == "xxxx"
+    assert [r["exit_status"] for r in metadata["restart_log"]] == [-9, 7, -9]
 
 
 def test_what_a_restart_cannot_help_fails_at_once_even_under_torchrun(tmp_path, trainer_env):

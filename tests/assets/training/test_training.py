@@ -1,6 +1,6 @@
 """Training stages as assets on a small recipe: main -> long-context -> anneal -> evaluation, each continuing the
 run before (continue_from), through the launcher resource, checkpointing to the store; a killed main run
-resumes from its last checkpoint."""
+resumes from its last checkpoint; a training job outlives the Dagster run that started it."""
 
 import json
 import os
@@ -17,7 +17,8 @@ from assets.cli import main
 from assets.definitions import build_resources
 from assets.recipe import DEMO_RECIPE
 from tests.conftest import REPO
-from trainer.checkpoint_store import LocalCheckpoints
+from trainer.checkpoint_store import LocalCheckpoints, step_name
+from trainer.job import read_job
 
 MODEL = {"vocab_size": 1024, "d_model": 32, "n_layers": 1, "n_heads": 2}
 BATCH = {"global_batch": 8, "micro_batch": 8, "seq_len": 64, "ramp_start": None, "ramp_tokens": 0}
@@ -151,9 +152,12 @@ def test_a_killed_main_run_resumes_from_its_last_checkpoint(tmp_path, monkeypatc
         else:
             pytest.fail("no checkpoint at step 4 within 300 s")
     finally:
-        # kill -9 the whole tree: the CLI (Dagster's run and its Pipes client) and the trainer, its child.
+        # kill -9 everything: the CLI (Dagster's run and its Pipes client) and the training job, which runs in a
+        # session of its own (it outlives the CLI otherwise: test_a_killed_run_worker_leaves_the_job_training).
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        for job_file in (tmp_path / "pretrain-home" / "work" / "training" / "main").glob("*/job.json"):
+            read_job(job_file.parent).kill()
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     # What was committed when the kill came (the event may not have reached the metrics file yet).
     committed = LocalCheckpoints(metrics.parent.parent / "checkpoints").committed()[-1]
@@ -179,6 +183,92 @@ def test_a_killed_main_run_resumes_from_its_last_checkpoint(tmp_path, monkeypatc
     assert [r["step"] for r in again if r.get("event") == "resumed"] == [24]
     assert not [r for r in again if r.get("event") == "train"]
     assert json.loads(manifest.read_text())["checkpoint"] == final
+
+
+def trainer_processes(run_json) -> list[int]:
+    """Pids of the processes running the trainer on `run_json` (`python -m trainer --config run_json`), from /proc."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = open(f"/proc/{entry.name}/cmdline", "rb").read().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        if b"trainer" in argv and str(run_json).encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.slow  # ~2 min: curation of two small sources, the main run twice (killed once, then uninterrupted)
+def test_a_killed_run_worker_leaves_the_job_training_and_the_next_run_follows_it(tmp_path, monkeypatch, capsys):
+    """SIGKILL to the process running the Dagster run (the CLI here) mid-training: the trainer goes on; the next
+    materialization follows that job instead of starting a second trainer, no step is trained twice, and the final
+    checkpoint is bit for bit the one an uninterrupted run writes."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    recipe = tmp_path / "recipe.yaml"
+    write_recipe(recipe, main_steps=24)
+    monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
+    assert main(["materialize", "--select", "+tokenization/c4/packed,+tokenization/math/packed"]) == 0
+    work_root = tmp_path / "pretrain-home" / "work" / "training" / "main"
+
+    proc = subprocess.Popen([sys.executable, "-m", "assets.cli", "materialize", "--select", "training/main"], cwd=REPO,
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline:
+            found = list(work_root.glob("*/out/metrics.jsonl"))
+            if found and any(r.get("event") == "train" and r["step"] >= 3 for r in map(json.loads, found[0].read_text().splitlines())):
+                break
+            assert proc.poll() is None, "the run ended before it could be killed"
+            time.sleep(0.02)
+        else:
+            pytest.fail("no step 3 within 300 s")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the CLI and all in its process group: not the job, in its own session
+        proc.wait()
+    work = found[0].parent.parent
+    job = read_job(work)
+    try:
+        assert job.alive() and job.attempt == 1, job.describe()
+        [trainer] = trainer_processes(work / "run.json")  # the trainer goes on training
+        capsys.readouterr()
+        assert main(["jobs", "--json"]) == 0  # read from the job's files: no Dagster run follows it now
+        [shown] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert (shown["stage"], shown["state"], shown["pid"], shown["attempt"]) == ("main", "running", job.pid, 1)
+        assert shown["step"] >= 3 and shown["tokens"] == shown["step"] * 8 * 64 and shown["eta_s"] is not None
+        step_when_killed = max(r["step"] for r in map(json.loads, found[0].read_text().splitlines()) if r.get("event") == "train")
+
+        assert main(["materialize", "--select", "training/main"]) == 0  # follows the job to its end
+        assert read_job(work).pid == job.pid and read_job(work).exit_status == 0  # the same job, not a second one
+        records = [json.loads(line) for line in found[0].read_text().splitlines()]
+        steps = [r["step"] for r in records if r.get("event") == "train"]
+        assert steps == list(range(1, 25)), steps  # every step once: nothing trained twice, nothing resumed
+        assert not [r for r in records if r.get("event") == "resumed"] and step_when_killed < 24
+        assert metadata("training/main")["steps"] == 24
+        final = LocalCheckpoints(work / "checkpoints").committed()[-1]
+    finally:
+        job.kill()
+
+    # An uninterrupted run of the same stage in another home: the same losses and final weights, bit for bit.
+    import torch
+
+    from trainer.weights import checkpoint_weights
+
+    other = tmp_path / "other-home"
+    monkeypatch.setenv("PRETRAIN_HOME", str(other))
+    monkeypatch.setenv("DAGSTER_HOME", str(other / "dagster"))
+    assert main(["materialize", "--select", "+training/main"]) == 0
+    [other_work] = (other / "work" / "training" / "main").glob("*")
+    assert other_work.name == work.name and LocalCheckpoints(other_work / "checkpoints").committed()[-1] == final
+    uninterrupted = [json.loads(line) for line in (other_work / "out" / "metrics.jsonl").read_text().splitlines()]
+    losses = lambda rs: [(r["step"], r["loss"]) for r in rs if r.get("event") == "train"]  # noqa: E731
+    assert losses(records) == losses(uninterrupted)
+    step = step_name(final)
+    mine, _ = checkpoint_weights(work / "checkpoints" / step)
+    theirs, _ = checkpoint_weights(other_work / "checkpoints" / step)
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
 
 
 @pytest.mark.slow  # ~2-3 min: the chain with a sweep, twice
