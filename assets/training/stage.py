@@ -126,6 +126,11 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, start_from: tuple[st
             run["data"]["tokenizer"] = str(tokenizer)
         if context.retry_number:
             context.log.info(f"retry {context.retry_number}: the trainer resumes from its latest checkpoint")
+        # Written while it trains (metrics.tensorboard, on by default): look at it now, not only at the end.
+        tensorboard = work / "out" / "tensorboard" if run.get("metrics", {}).get("tensorboard", True) else None
+        if tensorboard is not None:
+            context.log.info(f"watch it train: tensorboard --logdir {tensorboard} (or `make tensorboard` for every "
+                             "run), `pretrain jobs`")
         result = inputs.resources.launcher.launch(context, run, work, settings=launch.overrides())
         saved = [r["step"] for r in result.events("checkpoint_saved")]
         if not saved:
@@ -142,7 +147,8 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, start_from: tuple[st
         shutil.copyfile(work / "out" / SUMMARY_FILE, out / SUMMARY_FILE)
         shutil.copyfile(work / "out" / METRICS_FILE, out / METRICS_FILE)
         return {"checkpoint": {"prefix": checkpoint_prefix, "uri": inputs.store.uri(checkpoint_prefix), "step": final},
-                "resumed": [e for e in result.events("resumed")], "restarts": result.restarts}
+                "resumed": [e for e in result.events("resumed")], "restarts": result.restarts,
+                "tensorboard": tensorboard and str(tensorboard)}
 
     def metadata(inputs: Inputs, output: Output) -> dict:
         store, prefix, manifest = inputs.store, output.prefix, output.manifest
@@ -154,7 +160,12 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, start_from: tuple[st
         # logs it again and keeps the first one's, so the last record is the run's.
         precision = [r for r in records if r.get("event") == "precision"]
         lineage = inputs.manifest["lineage"]  # as this run found it
+        # The run's TensorBoard events (on the machine that trained it); `make tensorboard` shows every run.
+        tensorboard = {"tensorboard_logdir": MetadataValue.path(manifest["tensorboard"]),
+                       "tensorboard_command": MetadataValue.text(f"tensorboard --logdir {manifest['tensorboard']}")
+                       } if manifest.get("tensorboard") else {}
         return {
+            **tensorboard,
             "checkpoint": MetadataValue.path(manifest["checkpoint"]["uri"]),
             "checkpoint_step": manifest["checkpoint"]["step"],
             "precision": precision[-1]["dtype"] if precision else "unknown",

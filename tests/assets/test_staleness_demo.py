@@ -7,6 +7,7 @@ One long test on purpose: materializing the demo takes the time (minutes), the c
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 from dagster import AssetKey, AssetSelection, DagsterInstance
@@ -64,6 +65,12 @@ def test_the_demo_reruns_exactly_what_a_change_touches_and_keeps_the_tokenizer(t
     fresh = status_rows(capsys)
     assert set(fresh) == set(missing) and all(state == "fresh" for state, _ in fresh.values()), fresh
     trained = tokenizer_manifest(capsys)
+    # Each training asset says where its TensorBoard events are and how to open them (written while it trained).
+    for stage in ("main", "long_512", "anneal"):
+        event = DagsterInstance.get().get_latest_materialization_event(AssetKey(["training", stage]))
+        meta = {k: v.value for k, v in event.asset_materialization.metadata.items()}
+        assert meta["tensorboard_command"] == f"tensorboard --logdir {meta['tensorboard_logdir']}"
+        assert list(Path(meta["tensorboard_logdir"]).glob("events.out.tfevents.*")), meta["tensorboard_logdir"]
 
     # A reader setting of one source changes: that source's raw asset alone turns stale and reruns. Every GSM8K
     # problem is longer than 20 characters, so its documents, and so its data version, stay as they were.

@@ -130,6 +130,8 @@ def test_the_run_configs_continue_main_in_long_512_and_anneal(monkeypatch, tmp_p
     assert run["checkpoint"] == {"interval_steps": 32, "keep_last": 2, "remote": str(tmp_path / "store"),
                                  "run_name": vkey, "local_dir": str(tmp_path / "work" / "training" / "main" / vkey / "checkpoints")}
     assert run["output_dir"] == str(tmp_path / "work" / "training" / "main" / vkey / "out")
+    # Where its TensorBoard events go while it trains: in the run's log at the start, in the manifest at the end.
+    assert main_manifest["tensorboard"] == run["output_dir"] + "/tensorboard"
     assert run["tokenizer_sha256"] == "t" * 64
     assert [r["asset"] for r in run["lineage"]] == ["mixing/mixture_weights", *[f"tokenization/{s}/packed" for s in PRIOR],
                                                     "tokenization/tokenizer"]
