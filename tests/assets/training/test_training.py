@@ -152,12 +152,12 @@ def test_a_killed_main_run_resumes_from_its_last_checkpoint(tmp_path, monkeypatc
         else:
             pytest.fail("no checkpoint at step 4 within 300 s")
     finally:
-        # kill -9 everything: the CLI (Dagster's run and its Pipes client) and the training job, which runs in a
-        # session of its own (it outlives the CLI otherwise: test_a_killed_run_worker_leaves_the_job_training).
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        # kill -9 everything: the training job, which runs in a session of its own (it outlives the CLI otherwise:
+        # test_a_killed_run_worker_leaves_the_job_training), first, as a step takes milliseconds; then the CLI.
         for job_file in (tmp_path / "pretrain-home" / "work" / "training" / "main").glob("*/job.json"):
             read_job(job_file.parent).kill()
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     # What was committed when the kill came (the event may not have reached the metrics file yet).
     committed = LocalCheckpoints(metrics.parent.parent / "checkpoints").committed()[-1]
@@ -208,7 +208,7 @@ def test_a_killed_run_worker_leaves_the_job_training_and_the_next_run_follows_it
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     recipe = tmp_path / "recipe.yaml"
-    write_recipe(recipe, main_steps=24)
+    write_recipe(recipe, main_steps=96)  # long enough (~2 s where bf16 is native) to find the job still running
     monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
     assert main(["materialize", "--select", "+tokenization/c4/packed,+tokenization/math/packed"]) == 0
     work_root = tmp_path / "pretrain-home" / "work" / "training" / "main"
@@ -244,9 +244,9 @@ def test_a_killed_run_worker_leaves_the_job_training_and_the_next_run_follows_it
         assert read_job(work).pid == job.pid and read_job(work).exit_status == 0  # the same job, not a second one
         records = [json.loads(line) for line in found[0].read_text().splitlines()]
         steps = [r["step"] for r in records if r.get("event") == "train"]
-        assert steps == list(range(1, 25)), steps  # every step once: nothing trained twice, nothing resumed
-        assert not [r for r in records if r.get("event") == "resumed"] and step_when_killed < 24
-        assert metadata("training/main")["steps"] == 24
+        assert steps == list(range(1, 97)), steps  # every step once: nothing trained twice, nothing resumed
+        assert not [r for r in records if r.get("event") == "resumed"] and step_when_killed < 96
+        assert metadata("training/main")["steps"] == 96
         final = LocalCheckpoints(work / "checkpoints").committed()[-1]
     finally:
         job.kill()
