@@ -324,7 +324,14 @@ class Trainer:
         # The guard needs the global mean loss before DeepSpeed's boundary step calls the gate; the
         # SDC and straggler checks need every rank's own loss, gradient norm and busy time.
         per_rank = gather_floats([loss_sum, module.probe.local_norm(), torch.tensor(busy, device=d.device)], d)
-        rec.loss = sum(r[0] for r in per_rank) / (accum * d.world_size)
+        self._pre_update(rec, per_rank, accum=accum, replicas=d.world_size)
+        module.update(lambda: self._gate(rec))
+        return self._after_update(rec)
+
+    def _pre_update(self, rec: StepRecord, per_rank: list, *, accum: int, replicas: int) -> None:
+        """From every rank's (loss sum, gradient norm, busy seconds): the global mean loss over the `replicas`' micro-
+        batches, the per-rank figures, and the callbacks' pre-update checks (a refusal becomes the step's verdict)."""
+        rec.loss = sum(r[0] for r in per_rank) / (accum * replicas)
         rec.figures = {"loss": [r[0] / accum for r in per_rank], "grad_norm": [r[1] for r in per_rank]}
         rec.busy = [r[2] for r in per_rank]
         reasons = [cb.pre_update(self, rec) for cb in self.callbacks]
@@ -332,8 +339,6 @@ class Trainer:
         if rec.refused is not None:
             rec.verdict = Verdict(step=rec.step, apply=False, reason=rec.refused, loss=rec.loss,
                                   grad_norm=math.nan, samples=rec.samples)
-        module.update(lambda: self._gate(rec))
-        return self._after_update(rec)
 
     def _after_update(self, rec: StepRecord) -> StepRecord:
         st = self.state
@@ -365,14 +370,7 @@ class Trainer:
                 busy = torch.tensor(time.perf_counter() - started, device=self.dist.device)
                 nan = torch.tensor(math.nan, device=self.dist.device)  # no per-rank gradient norm: a stage's is partial
                 per_rank = gather_floats([module.pipeline_loss_sum(), nan, busy], self.dist)
-                rec.loss = sum(r[0] for r in per_rank) / (accum * module.dp_size)
-                rec.figures = {"loss": [r[0] / accum for r in per_rank], "grad_norm": [r[1] for r in per_rank]}
-                rec.busy = [r[2] for r in per_rank]
-                reasons = [cb.pre_update(self, rec) for cb in self.callbacks]
-                rec.refused = next((r for r in reasons if r is not None), None)
-                if rec.refused is not None:
-                    rec.verdict = Verdict(step=rec.step, apply=False, reason=rec.refused, loss=rec.loss,
-                                          grad_norm=math.nan, samples=rec.samples)
+                self._pre_update(rec, per_rank, accum=accum, replicas=module.dp_size)
             return self._gate(rec)
 
         module.train_pipeline([self.train_source.batch(indices[m * micro:(m + 1) * micro]) for m in range(accum)],
