@@ -297,8 +297,11 @@ def canary_loss(model, tokens: torch.Tensor, *, device: torch.device | str = "cp
 
 def evaluate_checkpoint(step_folder: str | Path, *, tokenizer: str | Path, benchmarks: str | Path, tasks: list[str],
                         limit: int | None, val: dict[str, str], val_sequences: int, canary: str | Path | None,
-                        canary_sequences: int, batch_size: int = 8) -> dict:
-    """Everything the evaluation asset reports for one checkpoint step (CPU or the first CUDA device)."""
+                        canary_sequences: int, work: str | Path, hf_cache: str | Path | None = None,
+                        batch_size: int = 8) -> dict:
+    """Everything the evaluation asset reports for one checkpoint step (CPU or the first CUDA device): per-domain
+    validation loss and the canary's loss computed here, zero-shot scores by lm-evaluation-harness on the checkpoint
+    exported to `work` (trainer/harness.py)."""
     from tokenizers import Tokenizer
 
     from trainer.data import DataConfig, MixtureDataset, NoDocuments
@@ -342,9 +345,13 @@ def evaluate_checkpoint(step_folder: str | Path, *, tokenizer: str | Path, bench
             if not rows:
                 raise ValueError(f"{canary}: shorter than one sequence of {width} tokens")
             results["canary_loss"] = canary_loss(model, torch.tensor(rows), device=device)
+    del model, state
 
-    results["zero_shot"] = zero_shot(model, tok, tasks, benchmarks, limit=limit, max_len=seq_len,
-                                     batch_size=batch_size, device=device)
+    if tasks:
+        from trainer.harness import lm_eval_checkpoint
+
+        results["lm_eval"] = lm_eval_checkpoint(step_folder, tokenizer=tokenizer, benchmarks=benchmarks, tasks=tasks,
+                                                limit=limit, work=work, hf_cache=hf_cache)
     return results
 
 
@@ -352,31 +359,36 @@ def main(argv: list[str] | None = None) -> int:
     """python -m trainer.evaluate --checkpoint STEP --tokenizer T --benchmarks DIR --out results.json ..."""
     import argparse
     import sys
+    import tempfile
 
     parser = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=main.__doc__)
     parser.add_argument("--checkpoint", required=True, help="a committed checkpoint step folder")
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--benchmarks", required=True, help="the folder of benchmark files")
-    parser.add_argument("--tasks", default=",".join(TASKS))
+    parser.add_argument("--tasks", default=",".join(TASKS), help="lm-eval tasks (none: no zero-shot scores)")
     parser.add_argument("--limit", type=int, default=None, help="items per task")
     parser.add_argument("--val", action="append", default=[], metavar="NAME=FOLDER", help="a packed output's held-out split")
     parser.add_argument("--val-sequences", type=int, default=16)
     parser.add_argument("--canary", help="a fixed text whose loss is tracked across checkpoints")
     parser.add_argument("--canary-sequences", type=int, default=8)
+    parser.add_argument("--work", help="where the exported model and lm-eval's task files go (default: a temp folder)")
+    parser.add_argument("--hf-cache", help="the Hugging Face datasets cache (default: in --work)")
     parser.add_argument("--out", required=True, help="results.json to write")
     args = parser.parse_args(argv)
     try:
         val = dict(item.split("=", 1) for item in args.val)
-        results = evaluate_checkpoint(args.checkpoint, tokenizer=args.tokenizer, benchmarks=args.benchmarks,
-                                      tasks=[t for t in args.tasks.split(",") if t], limit=args.limit, val=val,
-                                      val_sequences=args.val_sequences, canary=args.canary,
-                                      canary_sequences=args.canary_sequences)
+        with tempfile.TemporaryDirectory(prefix="pretrain-evaluate-") as tmp:
+            results = evaluate_checkpoint(args.checkpoint, tokenizer=args.tokenizer, benchmarks=args.benchmarks,
+                                          tasks=[t for t in args.tasks.split(",") if t], limit=args.limit, val=val,
+                                          val_sequences=args.val_sequences, canary=args.canary,
+                                          canary_sequences=args.canary_sequences, work=args.work or tmp,
+                                          hf_cache=args.hf_cache)
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     Path(args.out).write_text(json.dumps(results, indent=1))
-    for name, r in results["zero_shot"].items():
-        print(f"{name}: {r['metric']} {r.get(r['metric'], float('nan')):.3f} (n {r['n']})", flush=True)
+    if "lm_eval" in results:
+        print(results["lm_eval"]["table"], flush=True)
     return 0
 
 

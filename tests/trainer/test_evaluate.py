@@ -187,6 +187,11 @@ def test_a_checkpoint_is_evaluated_by_the_module_entry_point(tmp_path):
     # The trainer's own held-out loss and the evaluator's come from the same model, data and split.
     assert results["val_loss"]["math"] == pytest.approx(summary["val_loss"]["math"], abs=0.05)
     assert 0 < results["canary_loss"] < 12
-    assert results["zero_shot"]["arc_easy"]["n"] == 6 and results["zero_shot"]["lambada_openai"]["n"] == 6
+    # Zero-shot scores are lm-eval's, on the checkpoint exported to Hugging Face format: every metric with its stderr.
+    lm_eval = results["lm_eval"]
+    assert lm_eval["n-samples"]["arc_easy"]["effective"] == 6 and lm_eval["n-samples"]["lambada_openai"]["effective"] == 6
+    assert {"acc,none", "acc_stderr,none", "acc_norm,none", "acc_norm_stderr,none"} <= set(lm_eval["results"]["arc_easy"])
+    assert {"perplexity,none", "perplexity_stderr,none"} <= set(lm_eval["results"]["lambada_openai"])
+    assert lm_eval["headline"] == {"arc_easy": "acc_norm", "lambada_openai": "acc"} and "arc_easy" in lm_eval["table"]
     assert main(["--checkpoint", str(tmp_path / "nothing" / "step-00000001"), "--tokenizer", "x",
                  "--benchmarks", str(BENCH), "--out", str(out)]) == 2
