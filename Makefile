@@ -17,8 +17,9 @@ export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.pretrain/torch_extensions
 install: $(STAMP)
 
 # The package and every extra (what CI tests), pinned by constraints.txt. A user who wants the tool alone:
-# the same first three lines, then `pip install -c constraints.txt -e .` (or `.[ray]`, `.[postgres]`).
-EXTRAS ?= test,ray,postgres
+# the same first three lines, then `pip install -c constraints.txt -e '.[eval]'` (or with `ray`, `postgres`). Without
+# `eval` everything but the evaluation assets and `pretrain eval` works (they need lm-evaluation-harness).
+EXTRAS ?= test,eval,ray,postgres
 PIP := $(BIN)/pip install -q --disable-pip-version-check
 
 $(STAMP): constraints.txt pyproject.toml

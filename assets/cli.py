@@ -12,6 +12,7 @@
     pretrain jobs [--json]
     pretrain lineage CHECKPOINT_URI [--json] [--no-check]
     pretrain export CHECKPOINT_URI DIR [--tokenizer tokenizer.json]
+    pretrain eval CHECKPOINT_URI [--recipe R] [--tasks T1,T2] [--limit N] [--tokenizer tokenizer.json] [--out results.json]
 
 ASSET is an asset key path (`curation/web/raw_crawl`) or, with --source, the stage name (`raw_crawl`).
 SEL is a comma-separated list of asset key paths or fnmatch patterns (`curation/*/raw_crawl`); a leading
@@ -101,6 +102,14 @@ def _parser() -> argparse.ArgumentParser:
     cmd.add_argument("out_dir", help="the folder to write")
     cmd.add_argument("--tokenizer", help="tokenizer.json (default: the tokenizer output its lineage names, from the store)")
     cmd.set_defaults(command=_export)
+
+    cmd = add("eval", _eval, "lm-evaluation-harness on a checkpoint (exported to Hugging Face format): every metric "
+                             "with its standard error")
+    cmd.add_argument("checkpoint", help="a committed checkpoint step folder: path, file:// or s3://")
+    cmd.add_argument("--tasks", help="comma-separated lm-eval tasks (default: the recipe's evaluation.tasks)")
+    cmd.add_argument("--limit", type=int, help="items per task (default: the recipe's evaluation.limit; 0: all)")
+    cmd.add_argument("--tokenizer", help="tokenizer.json (default: the tokenizer output its lineage names, from the store)")
+    cmd.add_argument("--out", help="also write lm-eval's results JSON here")
 
     cmd = add("plan", _plan, "parameters, FLOPs, GPU-hours and memory per GPU of each training stage")
     cmd.add_argument("--model", help="model config as inline JSON, or a JSON file (a model config or a run.json)")
@@ -441,21 +450,58 @@ def _export(args) -> int:
 
     with tempfile.TemporaryDirectory(prefix="pretrain-export-") as tmp:
         try:
-            from trainer.checkpoint_store import local_step
+            from trainer.export import export_checkpoint
 
-            step_folder = local_step(args.checkpoint, Path(tmp) / "steps")
-            from trainer.export import export_hf_llama
-            from trainer.weights import checkpoint_weights, model_config
-
-            state, manifest = checkpoint_weights(step_folder)
-            tokenizer = args.tokenizer or _lineage_tokenizer(manifest, Path(tmp))
-            cfg = model_config(manifest)
-            out = export_hf_llama(state, cfg, args.out_dir, tokenizer=tokenizer,
-                                  seq_len=manifest["config"]["batch"]["seq_len"])
+            step_folder, tokenizer = _checkpoint_and_tokenizer(args, Path(tmp))
+            out = export_checkpoint(step_folder, args.out_dir, tokenizer=tokenizer)
         except (StoreError, ValueError, OSError, CorruptCheckpoint) as exc:  # ExportError is a ValueError
             raise UsageError(f"{args.checkpoint}: {exc}") from None
     print(out)
     return 0
+
+
+def _eval(args) -> int:
+    """lm-evaluation-harness on a checkpoint, as the evaluation assets run it: the recipe's benchmark folder, tasks
+    and limit unless given."""
+    import tempfile
+    from pathlib import Path
+
+    from assets.recipe import load_recipe
+    from storage.objects import StoreError
+    from trainer.checkpoint_store import CorruptCheckpoint
+
+    from assets.evaluation.stage import HF_CACHE
+    from assets.home import pretrain_home
+    from trainer.harness import HarnessUnavailable, lm_eval_checkpoint
+
+    recipe = load_recipe(args.recipe)
+    tasks = args.tasks.split(",") if args.tasks else recipe.evaluation.tasks
+    limit = args.limit if args.limit is not None else recipe.evaluation.limit
+    with tempfile.TemporaryDirectory(prefix="pretrain-eval-") as tmp:
+        try:
+            step_folder, tokenizer = _checkpoint_and_tokenizer(args, Path(tmp))
+            results = lm_eval_checkpoint(step_folder, tokenizer=tokenizer,
+                                         benchmarks=recipe.input_root / recipe.evaluation.benchmarks, tasks=tasks,
+                                         limit=limit or None, work=Path(tmp) / "lm-eval",
+                                         hf_cache=pretrain_home() / "work" / HF_CACHE)  # the assets' cache
+        except (StoreError, ValueError, OSError, CorruptCheckpoint, HarnessUnavailable) as exc:
+            raise UsageError(f"{args.checkpoint}: {exc}") from None
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    print(results["table"])
+    return 0
+
+
+def _checkpoint_and_tokenizer(args, tmp) -> tuple:
+    """(a local copy of the checkpoint step args.checkpoint names, args.tokenizer or the tokenizer its lineage names,
+    downloaded from the store)."""
+    from trainer.checkpoint_store import local_step
+
+    step_folder = local_step(args.checkpoint, tmp / "steps")
+    if args.tokenizer:
+        return step_folder, args.tokenizer
+    manifest = json.loads((step_folder / "manifest.json").read_text())
+    return step_folder, _lineage_tokenizer(manifest, tmp)
 
 
 def _lineage_tokenizer(manifest: dict, tmp):

@@ -36,6 +36,30 @@ def bar_chart(counts: Mapping[str, float], *, title: str, ylabel: str, log: bool
     return _markdown(figure, title)
 
 
+def grouped_bar_chart(groups: Mapping[str, Mapping[str, float]], *, title: str, ylabel: str,
+                      errors: Mapping[str, Mapping[str, float]] | None = None) -> MetadataValue:
+    """One group of bars per key of {group: {series: value}} (a task's score at each stage), one colour per series,
+    in first-seen order; `errors` (same shape) draws ± error bars (a standard error)."""
+    series = list(dict.fromkeys(name for values in groups.values() for name in values))
+    if not series:
+        return MetadataValue.md(f"**{title}**: nothing to plot")
+    figure = _figure()
+    axes = figure.add_subplot()
+    width = 0.8 / len(series)
+    for i, name in enumerate(series):
+        xs = [g + (i - (len(series) - 1) / 2) * width for g, values in enumerate(groups.values()) if name in values]
+        ys = [values[name] for values in groups.values() if name in values]
+        yerr = None
+        if errors is not None:
+            yerr = [errors.get(group, {}).get(name, 0.0) for group, values in groups.items() if name in values]
+        axes.bar(xs, ys, width=width, yerr=yerr, capsize=2, label=name)
+    axes.set_xticks(range(len(groups)), list(groups), rotation=30 if len(groups) > 4 else 0,
+                    ha="right" if len(groups) > 4 else "center", fontsize=8)
+    axes.set_ylabel(ylabel)
+    axes.legend(fontsize=8)
+    return _markdown(figure, title)
+
+
 def histogram(counts: Mapping[int, int], *, title: str, xlabel: str, ylabel: str = "count", log: bool = True) -> MetadataValue:
     """Already-binned integer data ({value: how many}, e.g. cluster size -> clusters) as bars on a numeric axis."""
     if not counts:

@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from resources.launcher import LauncherResource
 from resources.slurm import SlurmConfig
-from trainer.config import RunConfig, from_dict
+from trainer.config import RunConfig, ZeroShotTask, from_dict
 from trainer.mixing import MixingConfig
 
 # Fields of RunConfig a recipe stage may set; data, output_dir, stage, lineage and the tokenizer hash
@@ -267,12 +267,13 @@ class MixingSection(BaseModel):
 
 
 class EvaluationSection(BaseModel):
-    """What the evaluation assets measure on each stage's final checkpoint (trainer/evaluate.py)."""
+    """What the evaluation assets measure on each stage's final checkpoint: losses (trainer/evaluate.py), zero-shot tasks
+    by lm-evaluation-harness (trainer/harness.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tasks: list[Literal["lambada", "hellaswag", "arc_easy", "arc_challenge", "piqa"]] = [
-        "lambada", "hellaswag", "arc_easy", "piqa"]
+    tasks: list[ZeroShotTask] = Field(["lambada_openai", "hellaswag", "arc_easy", "piqa"],
+                                      description="lm-evaluation-harness tasks (trainer/harness.py)")
     limit: int | None = Field(200, ge=1, description="items per task (None: all)")
     benchmarks: str = Field("benchmarks", description="the benchmark folder, relative to base_dir")
     canary: str | None = Field("benchmarks/wikitext-2-test.txt", description="fixed text whose loss is tracked")

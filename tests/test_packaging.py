@@ -15,7 +15,10 @@ from tests.source_imports import absolute_imports
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipelines", "assets", "trainer", "resources", "storage")
 OWN = set(PACKAGES) | {"tests", "bench", "conftest"}
-TEST_STACK = {"pytest", "pytest-timeout", "moto", "playwright", "transformers", "datasketch"}
+TEST_STACK = {"pytest", "pytest-timeout", "moto", "playwright", "datasketch"}
+# lm-evaluation-harness's Hugging Face model needs transformers at run time: the [eval] extra declares it (the export
+# test uses it too, so [test] may as well); never a core dependency.
+EVAL_STACK = {"lm-eval", "transformers"}
 
 
 def imported_modules(folders) -> dict[str, set[str]]:
@@ -35,7 +38,7 @@ def declared() -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for line in metadata.requires("pretrain-factory") or []:
         req = Requirement(line)
-        extras = [e for e in ("test", "ray", "postgres") if req.marker and req.marker.evaluate({"extra": e})]
+        extras = [e for e in ("test", "eval", "ray", "postgres") if req.marker and req.marker.evaluate({"extra": e})]
         for extra in extras or ([""] if not req.marker else []):
             out.setdefault(canonicalize_name(req.name), set()).add(extra)
     return out
@@ -45,7 +48,7 @@ def distributions(module: str) -> set[str]:
     return {canonicalize_name(d) for d in metadata.packages_distributions().get(module, [])}
 
 
-def test_every_module_the_code_imports_is_declared_and_the_test_stack_only_as_the_test_extra():
+def test_every_module_the_code_imports_is_declared_and_the_test_and_eval_stacks_only_as_extras():
     deps = declared()
     assert deps, "the installed package declares no dependencies (pip install -e . again?)"
     for module, files in imported_modules(PACKAGES).items():
@@ -57,6 +60,9 @@ def test_every_module_the_code_imports_is_declared_and_the_test_stack_only_as_th
         assert dists & set(deps), f"{module} ({sorted(dists)}, imported by {sorted(files)[0]}) is not declared"
     for name in TEST_STACK:
         assert deps.get(canonicalize_name(name)) == {"test"}, f"{name}: only in the [test] extra, got {deps.get(name)}"
+    for name in EVAL_STACK:
+        extras = deps.get(canonicalize_name(name), set())
+        assert "eval" in extras and "" not in extras, f"{name}: in the [eval] extra, not a core dependency, got {extras}"
 
 
 def test_every_declared_distribution_is_installed_at_a_version_constraints_txt_pins():

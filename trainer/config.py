@@ -246,6 +246,11 @@ class GuardConfig(_Config):
                 raise ValueError(f"guard.{name} must be >= 1, got {getattr(self, name)}")
 
 
+# The zero-shot tasks, by lm-evaluation-harness's names: the in-training evaluator (trainer/evaluate.py) and the
+# evaluation assets' lm-eval runs (trainer/harness.py) both know each of them.
+ZeroShotTask = Literal["lambada_openai", "hellaswag", "arc_easy", "arc_challenge", "piqa", "winogrande", "boolq", "mmlu"]
+
+
 class MetricsConfig(_Config):
     log_interval: int = 10  # steps between progress lines / metric records
     eval_interval: int = 0  # steps between per-domain validation losses (0 = only at the end)
@@ -255,8 +260,7 @@ class MetricsConfig(_Config):
     # Zero-shot tasks (trainer.evaluate) every downstream_interval steps and at the end (0 = off), downstream_limit
     # items each, from the benchmark folder downstream_benchmarks with data.tokenizer (a training asset gives both).
     downstream_interval: int = Field(0, ge=0)
-    downstream_tasks: list[Literal["lambada", "hellaswag", "arc_easy", "arc_challenge", "piqa"]] = [
-        "lambada", "hellaswag", "arc_easy", "piqa"]
+    downstream_tasks: list[ZeroShotTask] = ["lambada_openai", "hellaswag", "arc_easy", "piqa"]
     downstream_limit: int = Field(50, ge=1)
     downstream_benchmarks: str | None = None
 

@@ -1,20 +1,25 @@
-"""Zero-shot evaluation by log-likelihood, computed the way lm-evaluation-harness does.
+"""Zero-shot evaluation by log-likelihood, computed as lm-evaluation-harness computes it (0.4.x, model "hf").
 
     tok = Tokenizer.from_file("tokenizer.json")
-    scores = zero_shot(model, tok, ["lambada", "hellaswag", "arc_easy", "piqa"], limit=500)
-    # {"hellaswag": {"acc": 0.27, "acc_norm": 0.26, "n": 500, "metric": "acc_norm"}, ...}
+    scores = zero_shot(model, tok, ["lambada_openai", "hellaswag", "arc_easy", "piqa"], folder, limit=500)
+    # {"hellaswag": {"acc": 0.27, "acc_norm": 0.26, "n": 500, "metric": "acc_norm", "chance": 0.25}, ...}
 
-- Multiple choice (HellaSwag, ARC, PIQA): each choice's continuation is scored by the summed log
-  probability of its tokens given the context; `acc` picks the highest sum, `acc_norm` the highest
-  sum per byte of the continuation (the harness's length normalisation). HellaSwag's context is
-  ctx_a + " " + capitalised ctx_b with the WikiHow "[title]" markup removed, as the harness does;
-  ARC and PIQA are "Question: …\\nAnswer:" followed by " choice".
-- LAMBADA: accuracy that the greedy continuation is exactly the target word (every target token is
-  the argmax), plus its perplexity.
-- Context and continuation are encoded together and split at the context's length (the harness's
-  rule, so a BPE merge across the boundary is handled the same way); long inputs keep their last
-  `max_len` tokens.
-The benchmark files are the ones in ../shared/data/benchmarks (field names in its README).
+The reference is lm-eval itself (trainer/harness.py runs it on an exported checkpoint); this evaluator exists for
+cheap numbers inside the training loop (metrics.downstream_interval), with no Hugging Face model and no lm-eval
+installed, and tests/trainer/test_harness.py checks that it picks the choice lm-eval picks on every item.
+What is lm-eval's here:
+- the prompts of lm-eval's tasks (the task names are lm-eval's), rebuilt from the benchmark files of
+  ../shared/data/benchmarks (their field layouts in its README; the lm-eval task YAMLs read the same files);
+- a multiple-choice item is one request per choice, (context, " " + choice): lm-eval's target delimiter; Winogrande
+  is lm-eval's multiple-input form, one context per option and the same continuation;
+- `acc` picks the highest summed log-probability, `acc_norm` the highest per character of the choice (lm-eval's
+  len(choice), without the delimiter); LAMBADA's `acc` is whether every target token is the greedy one, and its
+  `perplexity` exp(-mean log-likelihood per item);
+- context and continuation are tokenized by lm-eval's HFLM `_encode_pair`: trailing whitespace of the context moves
+  to the continuation, the whole string is encoded once and split at the encoded context's length; no BOS (an
+  exported model's tokenizer adds none, so lm-eval adds none); long inputs keep their last `max_len` + 1 tokens
+  (a continuation longer than `max_len` lm-eval refuses; here its last `max_len` tokens are scored).
+Ties go to the first choice, as numpy's argmax.
 """
 
 from __future__ import annotations
@@ -33,71 +38,123 @@ import torch.nn.functional as F
 
 @dataclass(frozen=True)
 class Item:
-    context: str
-    continuations: list[str]
+    """One benchmark item as lm-eval's task builds it: a (context, continuation) request per choice (one for
+    LAMBADA), the choice texts lm-eval's acc_norm divides by, and the gold choice."""
+
+    requests: list[tuple[str, str]]
+    choices: list[str]
     gold: int
 
 
-def _lines(path: Path) -> Iterator[dict]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                yield json.loads(line)
+@dataclass(frozen=True)
+class Task:
+    file: str  # in the benchmark folder
+    item: Callable[[dict], Item]  # one line of the file -> the item lm-eval's task makes of it
+    metrics: tuple[str, ...]  # what lm-eval's task reports, the headline first
 
 
-def _hellaswag_clean(text: str) -> str:
-    text = text.strip().replace(" [title]", ". ")
-    text = re.sub(r"\[.*?\]", "", text)
+def _choices(context: str, choices: list[str], gold) -> Item:
+    return Item([(context, " " + c) for c in choices], list(choices), int(gold))
+
+
+def _hellaswag_preprocess(text: str) -> str:
+    # lm_eval/tasks/hellaswag/utils.py preprocess, to the character (the WikiHow "[title]" markup).
+    text = text.strip()
+    text = text.replace(" [title]", ". ")
+    text = re.sub("\\[.*?\\]", "", text)
     return text.replace("  ", " ")
 
 
-def _load_hellaswag(folder: Path) -> Iterator[Item]:
-    for d in _lines(folder / "hellaswag_val.jsonl.gz"):
-        ctx = _hellaswag_clean(d["ctx_a"] + " " + d["ctx_b"].capitalize())
-        yield Item(ctx, [" " + _hellaswag_clean(e) for e in d["endings"]], int(d["label"]))
+def _hellaswag(d: dict) -> Item:
+    # lm-eval's process_docs: the activity label first, then ctx_a and the capitalised ctx_b.
+    ctx = d["ctx_a"] + " " + d["ctx_b"].capitalize()
+    query = _hellaswag_preprocess(d["activity_label"] + ": " + ctx)
+    return _choices(query, [_hellaswag_preprocess(e) for e in d["endings"]], d["label"])
 
 
-def _query_choices(filename: str) -> Callable[[Path], Iterator[Item]]:
-    def load(folder: Path) -> Iterator[Item]:
-        for d in _lines(folder / filename):
-            question = d["query"].strip()
-            if not question.startswith("Question:"):
-                question = "Question: " + question
-            yield Item(question + "\nAnswer:", [" " + c for c in d["choices"]], int(d["gold"]))
-    return load
+def _arc(d: dict) -> Item:
+    return _choices(d["query"] + "\nAnswer:", d["choices"], d["gold"])  # query is "Question: {question}"
 
 
-def _load_lambada(folder: Path) -> Iterator[Item]:
-    for d in _lines(folder / "lambada_openai_test.jsonl"):
-        yield Item(d["context"], [" " + d["continuation"]], 0)
+def _piqa(d: dict) -> Item:
+    return _choices(d["query"] + "Answer:", d["choices"], d["gold"])  # query is "Question: {goal}\n"
 
 
-TASKS: dict[str, tuple[Callable[[Path], Iterator[Item]], str]] = {  # name -> (loader, headline metric)
-    "lambada": (_load_lambada, "acc"),
-    "hellaswag": (_load_hellaswag, "acc_norm"),
-    "arc_easy": (_query_choices("arc_easy_test.jsonl"), "acc_norm"),
-    "arc_challenge": (_query_choices("arc_challenge_test.jsonl"), "acc_norm"),
-    "piqa": (_query_choices("piqa_val.jsonl"), "acc_norm"),
+def _boolq(d: dict) -> Item:
+    # The file's query is "Passage: {passage}\nQuestion: {question}?"; lm-eval's prompt has no "Passage: ".
+    query = d["query"]
+    if not query.startswith("Passage: "):
+        raise KeyError("query (starting with 'Passage: ')")
+    return _choices(query.removeprefix("Passage: ") + "\nAnswer:", d["choices"], d["gold"])
+
+
+def _winogrande(d: dict) -> Item:
+    # lm-eval's multiple-input form: the sentence up to the blank with each option is a context, the rest after it
+    # the one continuation; acc_norm would divide by the options, as lm-eval's (it reports only acc).
+    options = list(d["context_options"])
+    return Item([(o, " " + d["continuation"]) for o in options], options, int(d["gold"]))
+
+
+def _mmlu(d: dict) -> Item:
+    # lm-eval's mmlu default template and each subject's description, zero-shot.
+    subject = " ".join(d["subject"].split("_"))
+    c = d["choices"]
+    context = (f"The following are multiple choice questions (with answers) about {subject}.\n\n"
+               f"{d['question'].strip()}\nA. {c[0]}\nB. {c[1]}\nC. {c[2]}\nD. {c[3]}\nAnswer:")
+    return _choices(context, ["A", "B", "C", "D"], d["answer"])
+
+
+def _lambada(d: dict) -> Item:
+    return Item([(d["context"], " " + d["continuation"])], [], 0)
+
+
+TASKS: dict[str, Task] = {
+    "lambada_openai": Task("lambada_openai_test.jsonl", _lambada, ("acc", "perplexity")),
+    "hellaswag": Task("hellaswag_val.jsonl.gz", _hellaswag, ("acc_norm", "acc")),
+    "arc_easy": Task("arc_easy_test.jsonl", _arc, ("acc_norm", "acc")),
+    "arc_challenge": Task("arc_challenge_test.jsonl", _arc, ("acc_norm", "acc")),
+    "piqa": Task("piqa_val.jsonl", _piqa, ("acc_norm", "acc")),
+    "winogrande": Task("winogrande_dev.jsonl", _winogrande, ("acc",)),
+    "boolq": Task("boolq_val.jsonl", _boolq, ("acc",)),
+    "mmlu": Task("mmlu_test.jsonl.gz", _mmlu, ("acc",)),
 }
 
 
+def _lines(path: Path) -> Iterator[tuple[int, dict]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                yield number, json.loads(line)
+
+
 def load_task(name: str, folder: str | Path, limit: int | None = None) -> list[Item]:
+    """The first `limit` items of the task's file (lm-eval's --limit takes the first ones too)."""
     if name not in TASKS:
         raise ValueError(f"unknown zero-shot task {name!r} (known: {', '.join(TASKS)})")
+    task = TASKS[name]
+    path = Path(folder) / task.file
+    if not path.exists():
+        raise ValueError(f"{name}: benchmark file {path} not found")
     items = []
-    for item in TASKS[name][0](Path(folder)):
+    for number, d in _lines(path):
         if limit is not None and len(items) >= limit:
             break
-        items.append(item)
+        try:
+            items.append(task.item(d))
+        except (KeyError, TypeError, IndexError) as exc:
+            raise ValueError(f"{path}: line {number}: not the {name} layout (field {exc})") from None
     return items
 
 
 def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
-    """(context ids, continuation ids): the whole string encoded once, split at the context's length."""
+    """(context ids, continuation ids) as lm-eval's HFLM._encode_pair makes them: the context's trailing whitespace
+    moved to the continuation, the whole string encoded once and cut at the encoded context's length."""
+    n_spaces = len(context) - len(context.rstrip())
+    if n_spaces:
+        context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
     whole = tokenizer.encode(context + continuation, add_special_tokens=False).ids
     n_ctx = len(tokenizer.encode(context, add_special_tokens=False).ids)
-    n_ctx = min(n_ctx, len(whole) - 1)  # at least one continuation token
     return whole[:n_ctx], whole[n_ctx:]
 
 
@@ -113,15 +170,17 @@ def continuation_scores(model, requests: list[tuple[list[int], list[int]]], *, m
         seqs, spans = [], []
         for ctx, cont in chunk:
             ids = (ctx + cont)[-(max_len + 1):]  # the last max_len+1 tokens: inputs are all but the last
-            n_cont = min(len(cont), len(ids) - 1)
             seqs.append(ids)
-            spans.append(n_cont)
-        width = max(len(s) for s in seqs) - 1
+            spans.append(min(len(cont), len(ids) - 1))
+        width = max(1, max(len(s) for s in seqs) - 1)
         inputs = torch.zeros((len(seqs), width), dtype=torch.long)
         for row, ids in enumerate(seqs):
             inputs[row, :len(ids) - 1] = torch.tensor(ids[:-1])  # right padding never affects earlier positions
         logprobs = F.log_softmax(model(inputs.to(device)).float(), dim=-1).cpu()
         for row, (ids, n_cont) in enumerate(zip(seqs, spans)):
+            if n_cont == 0:  # a continuation the context's tokens swallowed whole: lm-eval sums nothing too
+                out.append((0.0, True))
+                continue
             n_in = len(ids) - 1
             positions = torch.arange(n_in - n_cont, n_in)  # the logits that predict the continuation
             targets = torch.tensor(ids[-n_cont:])
@@ -132,49 +191,55 @@ def continuation_scores(model, requests: list[tuple[list[int], list[int]]], *, m
     return out
 
 
-def score_task(model, tokenizer, items: list[Item], *, max_len: int, batch_size: int = 16,
-               device: torch.device | str = "cpu") -> dict:
-    requests, owner = task_requests(tokenizer, items)
-    scores = continuation_scores(model, requests, max_len=max_len, batch_size=batch_size, device=device)
-    return task_result(items, requests, owner, scores)
-
-
 def task_requests(tokenizer, items: list[Item]) -> tuple[list[tuple[list[int], list[int]]], list[int]]:
-    """(every choice of every item as (context ids, continuation ids), the item each belongs to)."""
+    """(every request of every item as (context ids, continuation ids), the item each belongs to)."""
     requests, owner = [], []
     for i, item in enumerate(items):
-        for cont in item.continuations:
-            requests.append(encode_pair(tokenizer, item.context, cont))
+        for context, continuation in item.requests:
+            requests.append(encode_pair(tokenizer, context, continuation))
             owner.append(i)
     return requests, owner
 
 
-def task_result(items: list[Item], requests: list[tuple[list[int], list[int]]], owner: list[int],
-                scores: list[tuple[float, bool]]) -> dict:
-    """The task's figures from every request's (summed log-probability, greedy)."""
-    per_item: list[list[tuple[float, bool, int]]] = [[] for _ in items]
-    for (total, greedy), i, (_, cont_ids) in zip(scores, owner, requests):
-        per_item[i].append((total, greedy, len(cont_ids)))
-    acc = acc_norm = 0
-    nll = tokens = 0.0
-    for item, choices in zip(items, per_item):
-        if len(choices) == 1:  # LAMBADA: the target word must come out greedily
-            acc += choices[0][1]
-            nll -= choices[0][0]
-            tokens += choices[0][2]
-            continue
-        lls = [c[0] for c in choices]
-        per_byte = [ll / max(1, len(text.encode("utf-8"))) for ll, text in zip(lls, item.continuations)]
-        acc += int(max(range(len(lls)), key=lls.__getitem__) == item.gold)
-        acc_norm += int(max(range(len(per_byte)), key=per_byte.__getitem__) == item.gold)
+def per_item(items: list[Item], owner: list[int], scores: list[tuple[float, bool]]) -> list[list[tuple[float, bool]]]:
+    """Every request's (log-likelihood, greedy), grouped by item in request order."""
+    grouped: list[list[tuple[float, bool]]] = [[] for _ in items]
+    for score, i in zip(scores, owner):
+        grouped[i].append(score)
+    return grouped
+
+
+def picks(item: Item, scores: list[tuple[float, bool]]) -> tuple[int, int]:
+    """(the choice `acc` picks, the one `acc_norm` picks): the highest log-likelihood, and per character of the
+    choice; the first of equals, as numpy's argmax."""
+    lls = [ll for ll, _ in scores]
+    norm = [ll / len(choice) for ll, choice in zip(lls, item.choices)]
+    return max(range(len(lls)), key=lls.__getitem__), max(range(len(norm)), key=norm.__getitem__)
+
+
+def task_result(name: str, items: list[Item], grouped: list[list[tuple[float, bool]]]) -> dict:
+    """lm-eval's figures for the task from each item's request scores, with n, chance and the headline metric."""
+    metrics = TASKS[name].metrics
     n = len(items)
-    result = {"n": n, "acc": acc / n if n else float("nan")}
-    if tokens:
-        result["perplexity"] = math.exp(nll / n) if n else float("nan")  # per example, as the harness reports
-    else:
-        result["acc_norm"] = acc_norm / n if n else float("nan")
-        result["chance"] = sum(1 / len(it.continuations) for it in items) / n if n else float("nan")
+    if not n:
+        return {"n": 0, "metric": metrics[0], **{m: math.nan for m in metrics}}
+    if "perplexity" in metrics:  # LAMBADA: the target word must come out greedily
+        return {"n": n, "metric": metrics[0], "acc": sum(s[0][1] for s in grouped) / n,
+                "perplexity": math.exp(-sum(s[0][0] for s in grouped) / n)}
+    chosen = [picks(item, scores) for item, scores in zip(items, grouped)]
+    result = {"n": n, "metric": metrics[0], "acc": sum(p == it.gold for (p, _), it in zip(chosen, items)) / n,
+              "chance": sum(1 / len(it.requests) for it in items) / n}
+    if "acc_norm" in metrics:
+        result["acc_norm"] = sum(p == it.gold for (_, p), it in zip(chosen, items)) / n
     return result
+
+
+def score_items(model, tokenizer, items: list[Item], *, max_len: int, batch_size: int = 16,
+                device: torch.device | str = "cpu") -> list[list[tuple[float, bool]]]:
+    """Each item's requests scored: [[(log-likelihood, greedy), ...], ...]."""
+    requests, owner = task_requests(tokenizer, items)
+    scores = continuation_scores(model, requests, max_len=max_len, batch_size=batch_size, device=device)
+    return per_item(items, owner, scores)
 
 
 def zero_shot(model, tokenizer, tasks: list[str], folder: str | Path, *, limit: int | None = None,
@@ -182,8 +247,8 @@ def zero_shot(model, tokenizer, tasks: list[str], folder: str | Path, *, limit: 
     results = {}
     for name in tasks:
         items = load_task(name, folder, limit)
-        results[name] = {**score_task(model, tokenizer, items, max_len=max_len, batch_size=batch_size, device=device),
-                         "metric": TASKS[name][1]}
+        grouped = score_items(model, tokenizer, items, max_len=max_len, batch_size=batch_size, device=device)
+        results[name] = task_result(name, items, grouped)
     return results
 
 
@@ -204,7 +269,7 @@ class Downstream:
 
     @torch.no_grad()
     def run(self, model, *, rank: int, world_size: int, device: torch.device | str = "cpu") -> dict[str, dict]:
-        """{task: figures} (score_task's, with the headline metric's name) of `model` (token ids -> logits)."""
+        """{task: figures} (task_result's) of `model` (token ids -> logits)."""
         import torch.distributed as torch_dist
 
         results = {}
@@ -218,7 +283,7 @@ class Downstream:
                 everyone = [None] * world_size
                 torch_dist.all_gather_object(everyone, scores)
             flat = [s for part in everyone for s in part][:len(requests)]
-            results[name] = {**task_result(items, requests, owner, flat), "metric": TASKS[name][1]}
+            results[name] = task_result(name, items, per_item(items, owner, flat))
         return results
 
 
@@ -232,8 +297,11 @@ def canary_loss(model, tokens: torch.Tensor, *, device: torch.device | str = "cp
 
 def evaluate_checkpoint(step_folder: str | Path, *, tokenizer: str | Path, benchmarks: str | Path, tasks: list[str],
                         limit: int | None, val: dict[str, str], val_sequences: int, canary: str | Path | None,
-                        canary_sequences: int, batch_size: int = 8) -> dict:
-    """Everything the evaluation asset reports for one checkpoint step (CPU or the first CUDA device)."""
+                        canary_sequences: int, work: str | Path, hf_cache: str | Path | None = None,
+                        batch_size: int = 8) -> dict:
+    """Everything the evaluation asset reports for one checkpoint step (CPU or the first CUDA device): per-domain
+    validation loss and the canary's loss computed here, zero-shot scores by lm-evaluation-harness on the checkpoint
+    exported to `work` (trainer/harness.py)."""
     from tokenizers import Tokenizer
 
     from trainer.data import DataConfig, MixtureDataset, NoDocuments
@@ -277,9 +345,13 @@ def evaluate_checkpoint(step_folder: str | Path, *, tokenizer: str | Path, bench
             if not rows:
                 raise ValueError(f"{canary}: shorter than one sequence of {width} tokens")
             results["canary_loss"] = canary_loss(model, torch.tensor(rows), device=device)
+    del model, state
 
-    results["zero_shot"] = zero_shot(model, tok, tasks, benchmarks, limit=limit, max_len=seq_len,
-                                     batch_size=batch_size, device=device)
+    if tasks:
+        from trainer.harness import lm_eval_checkpoint
+
+        results["lm_eval"] = lm_eval_checkpoint(step_folder, tokenizer=tokenizer, benchmarks=benchmarks, tasks=tasks,
+                                                limit=limit, work=work, hf_cache=hf_cache)
     return results
 
 
@@ -287,31 +359,36 @@ def main(argv: list[str] | None = None) -> int:
     """python -m trainer.evaluate --checkpoint STEP --tokenizer T --benchmarks DIR --out results.json ..."""
     import argparse
     import sys
+    import tempfile
 
     parser = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=main.__doc__)
     parser.add_argument("--checkpoint", required=True, help="a committed checkpoint step folder")
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--benchmarks", required=True, help="the folder of benchmark files")
-    parser.add_argument("--tasks", default=",".join(TASKS))
+    parser.add_argument("--tasks", default=",".join(TASKS), help="lm-eval tasks (none: no zero-shot scores)")
     parser.add_argument("--limit", type=int, default=None, help="items per task")
     parser.add_argument("--val", action="append", default=[], metavar="NAME=FOLDER", help="a packed output's held-out split")
     parser.add_argument("--val-sequences", type=int, default=16)
     parser.add_argument("--canary", help="a fixed text whose loss is tracked across checkpoints")
     parser.add_argument("--canary-sequences", type=int, default=8)
+    parser.add_argument("--work", help="where the exported model and lm-eval's task files go (default: a temp folder)")
+    parser.add_argument("--hf-cache", help="the Hugging Face datasets cache (default: in --work)")
     parser.add_argument("--out", required=True, help="results.json to write")
     args = parser.parse_args(argv)
     try:
         val = dict(item.split("=", 1) for item in args.val)
-        results = evaluate_checkpoint(args.checkpoint, tokenizer=args.tokenizer, benchmarks=args.benchmarks,
-                                      tasks=[t for t in args.tasks.split(",") if t], limit=args.limit, val=val,
-                                      val_sequences=args.val_sequences, canary=args.canary,
-                                      canary_sequences=args.canary_sequences)
+        with tempfile.TemporaryDirectory(prefix="pretrain-evaluate-") as tmp:
+            results = evaluate_checkpoint(args.checkpoint, tokenizer=args.tokenizer, benchmarks=args.benchmarks,
+                                          tasks=[t for t in args.tasks.split(",") if t], limit=args.limit, val=val,
+                                          val_sequences=args.val_sequences, canary=args.canary,
+                                          canary_sequences=args.canary_sequences, work=args.work or tmp,
+                                          hf_cache=args.hf_cache)
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     Path(args.out).write_text(json.dumps(results, indent=1))
-    for name, r in results["zero_shot"].items():
-        print(f"{name}: {r['metric']} {r.get(r['metric'], float('nan')):.3f} (n {r['n']})", flush=True)
+    if "lm_eval" in results:
+        print(results["lm_eval"]["table"], flush=True)
     return 0
 
 

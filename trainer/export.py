@@ -3,6 +3,7 @@ model.safetensors and, with a tokenizer, tokenizer.json, tokenizer_config.json a
 `AutoModelForCausalLM` and `AutoTokenizer` (and lm-evaluation-harness) load it with no extra arguments.
 
     export_hf_llama(state_dict, model_cfg, out_dir, tokenizer="tokenizer.json", seq_len=2048)
+    export_checkpoint("checkpoints/step-00000100", out_dir, tokenizer="tokenizer.json")  # a committed step
 
 The architecture is Llama's, so the mapping is one name per tensor: RoPE uses the same rotate-half
 layout (trainer/model.py apply_rope), SwiGLU is gate (w1) / up (w3) / down (w2), no biases, untied
@@ -101,6 +102,16 @@ def export_hf_llama(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_d
     generation = {"bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": pad_id}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     return out
+
+
+def export_checkpoint(step_folder: str | Path, out_dir: str | Path, *, tokenizer: str | Path) -> Path:
+    """A committed checkpoint step folder (any ZeRO stage, its fp32 weights) as a Hugging Face Llama model whose
+    context length is the run's sequence length: what `pretrain export` and the lm-eval harness load."""
+    from trainer.weights import checkpoint_weights, model_config
+
+    state, manifest = checkpoint_weights(step_folder)
+    return export_hf_llama(state, model_config(manifest), out_dir, tokenizer=tokenizer,
+                           seq_len=manifest["config"]["batch"]["seq_len"])
 
 
 PAD_NAMES = ("<|pad|>", "<pad>", "[PAD]")

@@ -18,13 +18,15 @@ from pathlib import Path
 import torch
 
 from trainer.checkpoint_store import LocalCheckpoints, ResumePoint, local_step
-from trainer.config import ModelConfig, RunConfig, from_dict
+from trainer.config import ModelConfig, from_dict
 
 DS_TAG = "ds"  # trainer/checkpoint.py writes DeepSpeed's files under <step>/ds/
 
 
 def model_config(manifest: dict) -> ModelConfig:
-    return from_dict(RunConfig, manifest["config"]).model
+    # The model section alone: a checkpoint stays loadable when another section's vocabulary changes after it was
+    # written (metrics.downstream_tasks took lm-eval's task names: "lambada" became "lambada_openai").
+    return from_dict(ModelConfig, manifest["config"]["model"], "model")
 
 
 def checkpoint_weights(step_folder: str | Path, *, verify: bool = True) -> tuple[dict[str, torch.Tensor], dict]:

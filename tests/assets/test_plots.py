@@ -7,7 +7,7 @@ import re
 from dagster import MarkdownMetadataValue, TableMetadataValue
 from PIL import Image
 
-from assets.plots import bar_chart, count_table, histogram
+from assets.plots import bar_chart, count_table, grouped_bar_chart, histogram
 
 
 def decoded(value: MarkdownMetadataValue) -> Image.Image:
@@ -25,6 +25,7 @@ def test_bar_chart_and_histogram_are_pngs_of_the_configured_size():
 
 def test_nothing_to_plot_says_so_instead_of_an_empty_figure():
     assert bar_chart({}, title="hits", ylabel="documents").value == "**hits**: nothing to plot"
+    assert "nothing to plot" in grouped_bar_chart({}, title="lm-eval", ylabel="score").value
     assert "nothing to plot" in histogram({}, title="clusters", xlabel="size").value
 
 
@@ -46,3 +47,13 @@ def test_a_line_chart_of_several_series_draws_one_coloured_curve_each():
     orange = lambda image: sum(1 for r, g, b in image.getdata() if r > 200 and 100 < g < 150 and b < 60)
     assert orange(two) > 20 and orange(one) == 0  # matplotlib's second colour: the second series has its own curve
     assert "nothing to plot" in line_chart({"piqa acc": []}, title="zero-shot", xlabel="tokens", ylabel="acc").value
+
+
+def test_grouped_bars_draw_one_bar_per_stage_in_each_task_with_error_bars():
+    scores = {"arc_easy acc_norm": {"main": 0.28, "anneal": 0.34}, "piqa acc_norm": {"main": 0.55, "anneal": 0.57}}
+    errors = {"arc_easy acc_norm": {"main": 0.06, "anneal": 0.07}, "piqa acc_norm": {"main": 0.07, "anneal": 0.07}}
+    image = decoded(grouped_bar_chart(scores, errors=errors, title="lm-eval, main -> anneal", ylabel="score"))
+    assert image.format == "PNG" and image.size == (512, 256)
+    # Two colours of bars (the default cycle's first two: main blue, anneal orange).
+    colours = {colour for _, colour in image.convert("RGB").getcolors(maxcolors=1 << 16)}
+    assert (31, 119, 180) in colours and (255, 127, 14) in colours

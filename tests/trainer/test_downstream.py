@@ -8,7 +8,7 @@ from tests.trainer.conftest import read_metrics, run_dict
 from trainer.config import RunConfig, from_dict
 
 BENCHMARKS = SHARED_DATA / "benchmarks"
-DOWNSTREAM = {"downstream_interval": 2, "downstream_tasks": ["lambada", "piqa"], "downstream_limit": 6,
+DOWNSTREAM = {"downstream_interval": 2, "downstream_tasks": ["lambada_openai", "piqa"], "downstream_limit": 6,
               "downstream_benchmarks": str(BENCHMARKS)}
 
 
@@ -30,16 +30,16 @@ def test_zero_shot_records_every_interval_and_at_the_end_as_the_evaluator_scores
     tokens = {r["step"]: r["tokens"] for r in records if r["event"] == "train"}
     assert all(r["tokens"] == tokens[r["step"]] == r["step"] * 8 * 64 for r in downstream)
     for r in downstream:
-        assert set(r["tasks"]) == {"lambada", "piqa"} and r["seconds"] > 0
-        assert r["tasks"]["lambada"]["metric"] == "acc" and r["tasks"]["piqa"]["metric"] == "acc_norm"
+        assert set(r["tasks"]) == {"lambada_openai", "piqa"} and r["seconds"] > 0
+        assert r["tasks"]["lambada_openai"]["metric"] == "acc" and r["tasks"]["piqa"]["metric"] == "acc_norm"
         assert all(t["n"] == 6 and 0 <= t["acc"] <= 1 for t in r["tasks"].values())
-        assert r["tasks"]["lambada"]["perplexity"] > 1 and r["tasks"]["piqa"]["chance"] == 0.5
+        assert r["tasks"]["lambada_openai"]["perplexity"] > 1 and r["tasks"]["piqa"]["chance"] == 0.5
 
     # The final checkpoint, evaluated offline as the evaluation asset does, gives the last record's figures.
     state, _ = checkpoint_weights(tmp_path / "out" / "checkpoints" / "step-00000005")
     model = Transformer(cfg.model)
     model.load_state_dict({k.removeprefix("transformer."): v for k, v in state.items()})
-    offline = zero_shot(model.eval(), trainer.train_source.encoder(), ["lambada", "piqa"], BENCHMARKS, limit=6,
+    offline = zero_shot(model.eval(), trainer.train_source.encoder(), ["lambada_openai", "piqa"], BENCHMARKS, limit=6,
                         max_len=64)
     last = downstream[-1]["tasks"]
     for task, figures in offline.items():
@@ -76,7 +76,7 @@ def test_the_renumbering_encoder_gives_the_ids_the_model_was_trained_on():
 
 def test_a_bad_downstream_setting_is_refused_naming_the_field(tmp_path):
     with pytest.raises(ValueError, match="metrics.downstream_tasks"):
-        from_dict(RunConfig, run_dict(tmp_path, metrics={"downstream_tasks": ["mmlu"]}))
+        from_dict(RunConfig, run_dict(tmp_path, metrics={"downstream_tasks": ["mmlu_pro"]}))
     with pytest.raises(ValueError, match="metrics.downstream_limit"):
         from_dict(RunConfig, run_dict(tmp_path, metrics={"downstream_limit": 0}))
 
@@ -92,8 +92,8 @@ def test_under_zero3_every_rank_runs_the_same_forwards_and_the_run_goes_on(tmp_p
     from tests.conftest import REPO
     from tests.trainer.conftest import write_run
 
-    # 5 lambada items are 5 requests, an odd number: the second rank's share is padded to the first's length.
-    metrics = {**DOWNSTREAM, "downstream_tasks": ["lambada", "piqa"], "downstream_limit": 5, "tensorboard": False}
+    # 5 lambada_openai items are 5 requests, an odd number: the second rank's share is padded to the first's length.
+    metrics = {**DOWNSTREAM, "downstream_tasks": ["lambada_openai", "piqa"], "downstream_limit": 5, "tensorboard": False}
     run = write_run(tmp_path / "run.json", train_tokens=4 * 8 * 64, deepspeed={"zero_stage": 3, "bf16": True},
                     metrics={"log_interval": 1, "eval_batches": 1, **metrics})
     torchrun = (os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc_per_node", "2")

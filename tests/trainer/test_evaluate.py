@@ -9,12 +9,17 @@ from tokenizers import Tokenizer
 
 from tests.conftest import SHARED_DATA
 from trainer.config import ModelConfig
-from trainer.evaluate import canary_loss, continuation_scores, encode_pair, load_task, score_task, zero_shot
+from trainer.evaluate import (canary_loss, continuation_scores, encode_pair, load_task, score_items, task_result,
+                              zero_shot)
 from trainer.model import Transformer
 
 BENCH = SHARED_DATA / "benchmarks"
 TOK = Tokenizer.from_file(str(SHARED_DATA / "tokenizers" / "gpt2" / "tokenizer.json"))
 VOCAB = 50304
+
+
+def score_task(name, model, items, **options) -> dict:
+    return task_result(name, items, score_items(model, TOK, items, **options))
 
 
 class Bigram(torch.nn.Module):
@@ -42,7 +47,7 @@ def test_scores_are_the_log_probabilities_at_the_continuation_positions():
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=VOCAB, d_model=32, n_layers=1, n_heads=2)).eval()
     items = load_task("arc_easy", BENCH, limit=6)
-    requests = [encode_pair(TOK, it.context, c) for it in items for c in it.continuations]
+    requests = [encode_pair(TOK, ctx, cont) for it in items for ctx, cont in it.requests]
     batched = continuation_scores(model, requests, max_len=512, batch_size=8)
     for (ctx, cont), (total, _) in zip(requests, batched):
         ids = torch.tensor([ctx + cont])
@@ -53,15 +58,18 @@ def test_scores_are_the_log_probabilities_at_the_continuation_positions():
     # The split follows the harness: the whole string encoded once, cut at the context's length.
     ctx, cont = encode_pair(TOK, "Question: What is 2+2?\nAnswer:", " four")
     assert TOK.decode(ctx + cont) == "Question: What is 2+2?\nAnswer: four" and TOK.decode(cont) == " four"
+    # A context's trailing whitespace goes to the continuation (lm-eval's _encode_pair): " four" stays one token.
+    assert encode_pair(TOK, "Answer: ", "four") == encode_pair(TOK, "Answer:", " four")
 
 
 @pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_accuracy_follows_the_model_preference_on_real_multiple_choice_items():
     items = load_task("arc_easy", BENCH, limit=30)
-    assert len(items) == 30 and all(len(it.continuations) >= 3 for it in items)
-    knows = Bigram([it.context + it.continuations[it.gold] for it in items])
-    wrong = Bigram([it.context + c for it in items for i, c in enumerate(it.continuations) if i != it.gold])
-    good, bad = score_task(knows, TOK, items, max_len=512, batch_size=4), score_task(wrong, TOK, items, max_len=512, batch_size=4)
+    assert len(items) == 30 and all(len(it.requests) >= 3 for it in items)
+    knows = Bigram(["".join(it.requests[it.gold]) for it in items])
+    wrong = Bigram(["".join(r) for it in items for i, r in enumerate(it.requests) if i != it.gold])
+    good = score_task("arc_easy", knows, items, max_len=512, batch_size=4)
+    bad = score_task("arc_easy", wrong, items, max_len=512, batch_size=4)
     # A bigram table is a weak model, but one counted from the gold answers beats chance (~0.27) by far
     # and one counted from the wrong answers falls far below it: the scores follow the model.
     assert good["acc"] >= 0.6 and good["acc_norm"] >= 0.55
@@ -80,21 +88,55 @@ def test_random_weights_score_near_chance_on_hellaswag():
 
 @pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_lambada_counts_only_an_exact_greedy_target_word():
-    items = load_task("lambada", BENCH, limit=20)
-    knows = Bigram([it.context + it.continuations[0] for it in items[:10]])
-    result = score_task(knows, TOK, items, max_len=512)
+    items = load_task("lambada_openai", BENCH, limit=20)
+    knows = Bigram(["".join(it.requests[0]) for it in items[:10]])
+    result = score_task("lambada_openai", knows, items, max_len=512)
     assert set(result) >= {"acc", "perplexity", "n"} and result["n"] == 20
     # The bigram table learned the first ten endings; the other ten it has never seen whole.
-    firsts = score_task(knows, TOK, items[:10], max_len=512)["acc"]
-    assert firsts > score_task(knows, TOK, items[10:], max_len=512)["acc"]
+    firsts = score_task("lambada_openai", knows, items[:10], max_len=512)["acc"]
+    assert firsts > score_task("lambada_openai", knows, items[10:], max_len=512)["acc"]
 
 
 def test_hellaswag_items_are_cleaned_as_the_harness_does():
     items = load_task("hellaswag", BENCH, limit=300)
-    assert not any("[title]" in it.context or "[header]" in it.context for it in items)
-    assert all(c.startswith(" ") and len(it.continuations) == 4 for it in items for c in it.continuations)
+    assert not any("[title]" in ctx or "[header]" in ctx for it in items for ctx, _ in it.requests)
+    assert all(cont.startswith(" ") and len(it.requests) == 4 for it in items for _, cont in it.requests)
     with pytest.raises(ValueError, match="unknown zero-shot task 'mmlu_pro'"):
         load_task("mmlu_pro", BENCH)
+
+
+def test_the_first_item_of_each_task_is_the_request_lm_eval_makes():
+    """lm-eval's prompts, written out (its task YAMLs; tests/trainer/test_harness.py compares every item with lm-eval's
+    own requests)."""
+    first = {name: load_task(name, BENCH, limit=1)[0] for name in
+             ("lambada_openai", "hellaswag", "arc_easy", "piqa", "winogrande", "boolq", "mmlu")}
+    assert first["hellaswag"].requests[3] == (
+        "Roof shingle removal: A man is sitting on a roof. He", " starts pulling up roofing on a roof.")
+    assert first["hellaswag"].choices[3] == "starts pulling up roofing on a roof." and first["hellaswag"].gold == 3
+    assert first["arc_easy"].requests[0] == (
+        "Question: Which statement best explains why photosynthesis is the foundation of most food webs?\nAnswer:",
+        " Sunlight is the source of energy for nearly all ecosystems.")
+    assert first["piqa"].requests[0][0] == "Question: How do I ready a guinea pig cage for it's new occupants?\nAnswer:"
+    assert first["winogrande"].requests == [
+        ("Sarah was a much better surgeon than Maria so Sarah", " always got the easier cases."),
+        ("Sarah was a much better surgeon than Maria so Maria", " always got the easier cases.")]
+    assert first["winogrande"].gold == 1
+    context, answer = first["boolq"].requests[1]
+    assert context.startswith("All biomass goes through") and answer == " yes"
+    assert context.endswith("\nQuestion: does ethanol take more energy make that produces?\nAnswer:")
+    assert first["mmlu"].requests[1] == (
+        "The following are multiple choice questions (with answers) about abstract algebra.\n\n"
+        "Find the degree for the given field extension Q(sqrt(2), sqrt(3), sqrt(18)) over Q.\nA. 0\nB. 4\nC. 2\nD. 6"
+        "\nAnswer:", " B")
+    assert first["lambada_openai"].requests[0][1] == " signs" and first["lambada_openai"].choices == []
+
+
+def test_a_file_of_another_layout_is_refused_naming_the_file_line_and_field(tmp_path):
+    (tmp_path / "arc_easy_test.jsonl").write_text('{"question": "Why?", "choices": ["a", "b"], "gold": 0}\n')
+    with pytest.raises(ValueError, match=r"arc_easy_test.jsonl: line 1: not the arc_easy layout \(field 'query'\)"):
+        load_task("arc_easy", tmp_path)
+    with pytest.raises(ValueError, match="piqa: benchmark file .*piqa_val.jsonl not found"):
+        load_task("piqa", tmp_path)
 
 
 def test_canary_loss_is_the_mean_cross_entropy():
@@ -137,7 +179,7 @@ def test_a_checkpoint_is_evaluated_by_the_module_entry_point(tmp_path):
     out = tmp_path / "results.json"
     assert main(["--checkpoint", str(tmp_path / "out" / "checkpoints" / "step-00000004"),
                  "--tokenizer", str(SHARED_DATA / "tokenizers" / "gpt2" / "tokenizer.json"),
-                 "--benchmarks", str(BENCH), "--tasks", "arc_easy,lambada", "--limit", "6", "--val-sequences", "8",
+                 "--benchmarks", str(BENCH), "--tasks", "arc_easy,lambada_openai", "--limit", "6", "--val-sequences", "8",
                  "--val", f"math={shards['math']}", "--canary", str(BENCH / "wikitext-2-test.txt"),
                  "--out", str(out)]) == 0
     results = json.loads(out.read_text())
@@ -145,6 +187,11 @@ def test_a_checkpoint_is_evaluated_by_the_module_entry_point(tmp_path):
     # The trainer's own held-out loss and the evaluator's come from the same model, data and split.
     assert results["val_loss"]["math"] == pytest.approx(summary["val_loss"]["math"], abs=0.05)
     assert 0 < results["canary_loss"] < 12
-    assert results["zero_shot"]["arc_easy"]["n"] == 6 and results["zero_shot"]["lambada"]["n"] == 6
+    # Zero-shot scores are lm-eval's, on the checkpoint exported to Hugging Face format: every metric with its stderr.
+    lm_eval = results["lm_eval"]
+    assert lm_eval["n-samples"]["arc_easy"]["effective"] == 6 and lm_eval["n-samples"]["lambada_openai"]["effective"] == 6
+    assert {"acc,none", "acc_stderr,none", "acc_norm,none", "acc_norm_stderr,none"} <= set(lm_eval["results"]["arc_easy"])
+    assert {"perplexity,none", "perplexity_stderr,none"} <= set(lm_eval["results"]["lambada_openai"])
+    assert lm_eval["headline"] == {"arc_easy": "acc_norm", "lambada_openai": "acc"} and "arc_easy" in lm_eval["table"]
     assert main(["--checkpoint", str(tmp_path / "nothing" / "step-00000001"), "--tokenizer", "x",
                  "--benchmarks", str(BENCH), "--out", str(out)]) == 2

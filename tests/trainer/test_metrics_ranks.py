@@ -20,7 +20,7 @@ TORCHRUN_2 = (os.path.join(BIN, "torchrun"), "--standalone", "--nproc_per_node",
 PEAK = 1e12
 SETTINGS = {"train_tokens": 4 * 8 * 64, "deepspeed": {"zero_stage": 1, "bf16": False},
             "metrics": {"log_interval": 1, "eval_batches": 1, "tensorboard": False, "peak_flops": PEAK,
-                        "downstream_interval": 2, "downstream_tasks": ["lambada", "piqa"], "downstream_limit": 5,
+                        "downstream_interval": 2, "downstream_tasks": ["lambada_openai", "piqa"], "downstream_limit": 5,
                         "downstream_benchmarks": str(SHARED_DATA / "benchmarks")}}
 
 
@@ -55,6 +55,6 @@ def test_mfu_is_per_device_and_zero_shot_splits_over_the_ranks(tmp_path):
     assert [r["step"] for r in downstream[2]] == [r["step"] for r in downstream[1]] == [2, 4]
     for one, two in zip(downstream[1], downstream[2]):
         assert two["tokens"] == one["tokens"] == one["step"] * 8 * 64
-        for task in ("lambada", "piqa"):
+        for task in ("lambada_openai", "piqa"):
             assert two["tasks"][task]["n"] == 5 and two["tasks"][task]["acc"] == one["tasks"][task]["acc"]
-        assert two["tasks"]["lambada"]["perplexity"] == pytest.approx(one["tasks"]["lambada"]["perplexity"], rel=1e-3)
+        assert two["tasks"]["lambada_openai"]["perplexity"] == pytest.approx(one["tasks"]["lambada_openai"]["perplexity"], rel=1e-3)

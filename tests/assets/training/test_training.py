@@ -47,7 +47,7 @@ def write_recipe(path, main_steps=6):
         "anneal": {"continue_from": "long_128", "train_tokens": 2 * 4 * 128, "weights": {"math": 1.0},
                    "schedule": {"kind": "wsd", "decay_fraction": 1.0, "min_lr_ratio": 0.0}},
     }
-    raw["evaluation"] = {"tasks": ["arc_easy", "lambada"], "limit": 4, "val_sequences": 4, "canary_sequences": 2}
+    raw["evaluation"] = {"tasks": ["arc_easy", "lambada_openai"], "limit": 4, "val_sequences": 4, "canary_sequences": 2}
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
 
 
@@ -98,7 +98,10 @@ def test_every_stage_trains_from_the_one_before_and_is_evaluated(tmp_path, monke
         ev = metadata(f"evaluation/{name}")
         assert set(ev["val_loss"]) == {"c4", "math"} and ev["canary_loss"] > 0
         assert ev["step"] == stages[name]["checkpoint_step"]
-        assert 0 <= ev["arc_easy_acc_norm"] <= 1 and 0 <= ev["lambada_acc"] <= 1
+        assert 0 <= ev["arc_easy_acc_norm"] <= 1 and 0 <= ev["lambada_openai_acc"] <= 1
+        # lm-eval's results: every metric with its stderr, its table, and the stages this one descends from.
+        assert {"acc_norm,none", "acc_norm_stderr,none"} <= set(ev["lm_eval"]["results"]["arc_easy"])
+        assert "arc_easy" in ev["lm_eval_table"] and "data:image/png;base64," in ev["lm_eval_across_stages"]
 
     # The checkpoint alone tells what made it.
     capsys.readouterr()
@@ -108,6 +111,14 @@ def test_every_stage_trains_from_the_one_before_and_is_evaluated(tmp_path, monke
     # And exports as a Llama model, with the tokenizer its lineage names.
     assert main(["export", stages["anneal"]["checkpoint"], str(tmp_path / "hf")]) == 0
     assert (tmp_path / "hf" / "tokenizer.json").exists() and (tmp_path / "hf" / "model.safetensors").exists()
+    # `pretrain eval` runs lm-eval on it as the evaluation asset does (the recipe's benchmarks; the tasks given).
+    capsys.readouterr()
+    assert main(["eval", stages["anneal"]["checkpoint"], "--tasks", "arc_easy", "--limit", "4",
+                 "--out", str(tmp_path / "lm_eval.json")]) == 0
+    assert "acc_norm" in capsys.readouterr().out
+    cli_results = json.loads((tmp_path / "lm_eval.json").read_text())["results"]["arc_easy"]
+    # The same checkpoint and items as the evaluation asset: the same score.
+    assert cli_results["acc_norm,none"] == metadata("evaluation/anneal")["arc_easy_acc_norm"]
 
     # The Launchpad starts from the recipe's values; a bad override fails naming the field, before training.
     from assets.definitions import build_defs

@@ -1,0 +1,98 @@
+"""The in-training evaluator (trainer/evaluate.py) against lm-evaluation-harness itself (trainer/harness.py): a small
+model trained on real text, exported, scored by lm-eval with its per-item samples logged and by our evaluator on the
+same items: the same requests to the character, the same log-likelihoods, the same choice picked on every item."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.conftest import SHARED_DATA
+from tests.trainer.conftest import run_dict
+
+BENCH = SHARED_DATA / "benchmarks"
+ITEMS = 20  # per task: ~480 requests, every task lm-eval and our evaluator share
+SEQ_LEN = 128  # most BoolQ, MMLU and some ARC, HellaSwag prompts are cut from the left, as lm-eval cuts them;
+# every continuation fits (a longer one lm-eval refuses: a PIQA answer is up to 128 tokens of this 512-id BPE)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A 2-layer model trained 60 steps on tinyshakespeare with a real BPE tokenizer (the ids the export ships), fp32."""
+    from tests.trainer.test_export import small_tokenizer
+    from trainer.config import RunConfig, from_dict
+    from trainer.train import Trainer
+
+    tmp = tmp_path_factory.mktemp("harness")
+    tokenizer = small_tokenizer(tmp, 512)
+    cfg = from_dict(RunConfig, run_dict(tmp / "out", data={"tokenizer": tokenizer, "top_tokens": None},
+                                        train_tokens=60 * 8 * SEQ_LEN, batch={"seq_len": SEQ_LEN},
+                                        deepspeed={"zero_stage": 0, "bf16": False}))
+    summary = Trainer(cfg).fit()
+    return tmp, tokenizer, cfg, summary
+
+
+@pytest.mark.slow  # 20-45 s: 60 training steps, the export, lm-eval over 8 tasks, our evaluator on the same items
+def test_our_evaluator_picks_what_lm_eval_picks_on_every_item(trained, monkeypatch, capsys):
+    import torch
+    from tokenizers import Tokenizer
+
+    from trainer.evaluate import TASKS, load_task, picks, score_items, task_result
+    from trainer.harness import lm_eval_checkpoint
+    from trainer.model import Transformer
+    from trainer.weights import checkpoint_weights
+
+    tmp, tokenizer, cfg, summary = trained
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert summary["val_loss"]["text"] < 5.5  # it learnt something (uniform over 512 ids: 6.24): few near-ties
+    step = tmp / "out" / "checkpoints" / f"step-{60:08d}"
+    tasks = list(TASKS)
+    theirs = lm_eval_checkpoint(step, tokenizer=tokenizer, benchmarks=BENCH, tasks=tasks, limit=ITEMS,
+                                work=tmp / "lm-eval", log_samples=True, bootstrap_iters=1000)
+
+    state, _ = checkpoint_weights(step)
+    model = Transformer(cfg.model)
+    model.load_state_dict({k.removeprefix("transformer."): v for k, v in state.items()})
+    model.eval()
+    tok = Tokenizer.from_file(tokenizer)
+    report = []
+    for name in tasks:
+        items = load_task(name, BENCH, ITEMS)
+        with torch.no_grad():
+            ours = score_items(model, tok, items, max_len=SEQ_LEN, batch_size=16)
+        samples = sorted(theirs["samples"][name], key=lambda s: s["doc_id"])
+        assert len(samples) == len(items) == ITEMS, name
+        same_pick, largest = 0, 0.0
+        for i, (item, scores, sample) in enumerate(zip(items, ours, samples)):
+            where = f"{name} item {i}"
+            # The same prompts: every (context, continuation) request, to the character.
+            assert [tuple(a) for a in sample["arguments"]] == item.requests, where
+            lls = np.array([float(r[0]) for r in sample["filtered_resps"]])
+            assert [ll for ll, _ in scores] == pytest.approx(lls.tolist(), abs=1e-4), where  # measured: <= 1.5e-5
+            largest = max(largest, float(np.abs(np.array([ll for ll, _ in scores]) - lls).max()))
+            if len(item.requests) == 1:  # LAMBADA: the target word greedily, and its log-likelihood
+                assert scores[0][1] == bool(sample["filtered_resps"][0][1]) == bool(sample["acc"]), where
+                same_pick += 1
+                continue
+            lengths = np.array([float(len(c)) for c in item.choices])
+            pick, pick_norm = picks(item, scores)
+            assert pick == int(np.argmax(lls)), where
+            assert pick_norm == int(np.argmax(lls / lengths)), where
+            assert float(pick == item.gold) == sample["acc"], where  # lm-eval's gold is ours
+            if "acc_norm" in sample:
+                assert float(pick_norm == item.gold) == sample["acc_norm"], where
+            same_pick += 1
+        # And the task's figures are lm-eval's.
+        figures = task_result(name, items, ours)
+        for metric in TASKS[name].metrics:
+            assert figures[metric] == pytest.approx(theirs["results"][name][f"{metric},none"], rel=1e-3), (name, metric)
+            assert f"{metric}_stderr,none" in theirs["results"][name]
+        headline = TASKS[name].metrics[0]
+        report.append(f"{name}: {same_pick}/{len(items)} items pick the same choice, log-likelihoods within "
+                      f"{largest:.1e}, {headline} {figures[headline]:.3f} (lm-eval {theirs['results'][name][headline + ',none']:.3f})")
+    with capsys.disabled():
+        print("\n" + "\n".join(report))
+    json.dumps(theirs)  # the results are JSON as they are: what the evaluation asset stores
+    assert "|" in theirs["table"] and set(theirs["headline"]) == set(tasks)
