@@ -67,10 +67,15 @@ class HarnessUnavailable(RuntimeError):
     """lm-eval is not installed (the `[eval]` extra)."""
 
 
+def check_known(tasks: list[str]) -> None:
+    for name in tasks:
+        if name not in LM_EVAL_TASKS:
+            raise ValueError(f"unknown lm-eval task {name!r} (known: {', '.join(LM_EVAL_TASKS)})")
+
+
 def task_config(name: str, benchmarks: str | Path, hf_cache: str | Path, lm_eval_tasks: Path) -> dict:
     """The task YAML (as a dict) of one task over the local benchmark file."""
-    if name not in LM_EVAL_TASKS:
-        raise ValueError(f"unknown lm-eval task {name!r} (known: {', '.join(LM_EVAL_TASKS)})")
+    check_known([name])
     data = Path(benchmarks).resolve() / FILES[name].file
     if not data.is_file():
         raise ValueError(f"{name}: benchmark file {data} not found")
@@ -138,8 +143,8 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], *, benchmarks: str | Pa
 
 
 def check_fits(model_dir: str | Path, tasks: list[str], *, benchmarks: str | Path, limit: int | None) -> None:
-    """lm-eval refuses a continuation longer than the model's context (an AssertionError deep in its HF model, after
-    minutes of set-up): name the task and item first. A model trained on short sequences meets it (the demo's 128
+    """lm-eval refuses a continuation longer than the model's context (a bare AssertionError deep in its HF model,
+    after its set-up): name the task and item first. A model trained on short sequences meets it (the demo's 128
     tokens against a PIQA answer of 138)."""
     from tokenizers import Tokenizer
 
@@ -162,8 +167,6 @@ def lm_eval_checkpoint(step_folder: str | Path, *, tokenizer: str | Path, benchm
     """A committed checkpoint step exported to `work`/hf (config, safetensors, tokenizer), then run_lm_eval."""
     from trainer.export import export_checkpoint
 
-    for name in tasks:  # a bad task name fails before the export
-        if name not in LM_EVAL_TASKS:
-            raise ValueError(f"unknown lm-eval task {name!r} (known: {', '.join(LM_EVAL_TASKS)})")
+    check_known(tasks)  # before the export
     model_dir = export_checkpoint(step_folder, Path(work) / "hf", tokenizer=tokenizer)
     return run_lm_eval(model_dir, tasks, benchmarks=benchmarks, work=work, limit=limit, hf_cache=hf_cache, **options)

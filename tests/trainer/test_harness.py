@@ -96,3 +96,25 @@ def test_our_evaluator_picks_what_lm_eval_picks_on_every_item(trained, monkeypat
         print("\n" + "\n".join(report))
     json.dumps(theirs)  # the results are JSON as they are: what the evaluation asset stores
     assert "|" in theirs["table"] and set(theirs["headline"]) == set(tasks)
+
+
+def test_a_bad_task_a_missing_file_or_a_too_long_continuation_is_named_before_lm_eval_runs(tmp_path):
+    from trainer.harness import check_fits, check_known, task_config
+
+    with pytest.raises(ValueError, match="unknown lm-eval task 'piqa2'"):
+        check_known(["piqa", "piqa2"])
+    with pytest.raises(ValueError, match="piqa: benchmark file .*piqa_val.jsonl not found"):
+        task_config("piqa", tmp_path, tmp_path / "cache", tmp_path)
+    config = task_config("hellaswag", BENCH, tmp_path / "cache", tmp_path / "tasks")
+    # lm-eval's own YAML, only the data source changed: a local JSON file, its cache in scratch space.
+    assert config["include"] == str(tmp_path / "tasks" / "hellaswag" / "hellaswag.yaml")
+    assert config["dataset_path"] == "json" and config["test_split"] == "train"
+    assert config["dataset_kwargs"] == {"data_files": str(BENCH / "hellaswag_val.jsonl.gz"),
+                                        "cache_dir": str(tmp_path / "cache")}
+    # A model whose context is shorter than an answer: lm-eval would fail on an assertion; named here instead.
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 24}))
+    (tmp_path / "tokenizer.json").write_bytes((SHARED_DATA / "tokenizers" / "gpt2" / "tokenizer.json").read_bytes())
+    check_fits(tmp_path, ["arc_easy"], benchmarks=BENCH, limit=3)
+    with pytest.raises(ValueError, match=r"piqa: item 0 has a continuation of \d+ tokens, more than the model's "
+                                         r"context \(24\)"):
+        check_fits(tmp_path, ["piqa"], benchmarks=BENCH, limit=3)
