@@ -49,8 +49,18 @@ def test_our_evaluator_picks_what_lm_eval_picks_on_every_item(trained, monkeypat
     assert summary["val_loss"]["text"] < 5.5  # it learnt something (uniform over 512 ids: 6.24): few near-ties
     step = tmp / "out" / "checkpoints" / f"step-{60:08d}"
     tasks = list(TASKS)
-    theirs = lm_eval_checkpoint(step, tokenizer=tokenizer, benchmarks=BENCH, tasks=tasks, limit=ITEMS,
-                                work=tmp / "lm-eval", log_samples=True, bootstrap_iters=1000)
+    # In a fresh (spawned) process, as the evaluation asset runs it: something under lm-eval forks, and a fork of
+    # this test session, whose earlier tests left threads holding locks, hung in the full suite (passed alone).
+    import multiprocessing
+
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):  # the trainer's, not lm-eval's
+        monkeypatch.delenv(name, raising=False)
+    from concurrent.futures import ProcessPoolExecutor
+
+    # Not a multiprocessing Pool: its workers are daemons, which may not have the children lm-eval starts.
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        theirs = pool.submit(lm_eval_checkpoint, step, tokenizer=tokenizer, benchmarks=BENCH, tasks=tasks, limit=ITEMS,
+                             work=tmp / "lm-eval", log_samples=True, bootstrap_iters=1000).result()
 
     state, _ = checkpoint_weights(step)
     model = Transformer(cfg.model)
