@@ -19,15 +19,17 @@ PG_SCHEME = "postgresql+psycopg2://"
 # Files that ensure_dagster_home wrote start with one of these lines; it rewrites only those, never a user's own.
 _OURS = ("# Written by pretrain", "# Embedded default: SQLite storage in this folder.")
 
-_SQLITE = """# Written by pretrain (assets/home.py): the embedded default, SQLite storage in this folder.
-# Set PRETRAIN_DAGSTER_PG_URL for PostgreSQL; delete this first line to keep your own edits.
 # Run monitoring (the daemon): a run whose worker died is marked failed instead of hanging as "started"; its
 # training job goes on (trainer/job.py) and the next materialization of the stage follows it. The default run
 # launcher cannot resume a run (set max_resume_run_attempts with the Kubernetes or Docker one).
-run_monitoring:
+_MONITORING = """run_monitoring:
   enabled: true
   max_resume_run_attempts: 0
-telemetry:
+"""
+
+_SQLITE = f"""# Written by pretrain (assets/home.py): the embedded default, SQLite storage in this folder.
+# Set PRETRAIN_DAGSTER_PG_URL for PostgreSQL; delete this first line to keep your own edits.
+{_MONITORING}telemetry:
   enabled: false
 """
 
@@ -38,13 +40,7 @@ storage:
   postgres:
     postgres_url:
       env: {PG_URL_ENV}
-# Run monitoring (the daemon): a run whose worker died is marked failed instead of hanging as "started"; its
-# training job goes on (trainer/job.py) and the next materialization of the stage follows it. The default run
-# launcher cannot resume a run (set max_resume_run_attempts with the Kubernetes or Docker one).
-run_monitoring:
-  enabled: true
-  max_resume_run_attempts: 0
-telemetry:
+{_MONITORING}telemetry:
   enabled: false
 """
 
