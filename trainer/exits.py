@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 
 CLEAN = 0
@@ -40,6 +41,12 @@ NOT_RESTARTABLE = {CONFIG_EXIT: "a bad config or a checkpoint this config refuse
                    SDC_EXIT: "a rank stopped for silent data corruption"}
 
 DRAIN_ENV = "PRETRAIN_LAUNCHER_CAN_DRAIN"  # set by a launcher that can restart without a node
+
+
+def node_name() -> str:
+    """The node a failure record names: Slurm's name for it where there is one (what --exclude takes, and two
+    Slurm nodes may share a host), else the host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 class TrainerExit(Exception):

@@ -18,6 +18,12 @@ runs, follows it if so, and otherwise reads how it ended: no second trainer is s
 The job's identity is (host, pid, the process's start time in clock ticks since boot): a pid reused by another
 process after a reboot or a wrap-around is not taken for the job. Torch-free and Dagster-free: the launcher
 resource and `pretrain jobs` read these files, and the wrapper starts in a fraction of a second.
+
+On Slurm (`submit_job`) the same wrapper is the batch script's one command: sbatch queues it, Slurm runs it on the
+allocation's first node, and it runs the srun step as its child. The job's identity is then its Slurm job id:
+whether it still runs is Slurm's word (squeue), a signal goes through `scancel --signal`, and a kill is `scancel`.
+The job is submitted held and released only once job.json names its id, so no wrapper can start, or end, before
+the file that says which job it is exists.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -37,10 +44,16 @@ JOB_FILE = "job.json"
 START_TIMEOUT_S = 30.0  # the wrapper writes job.json within this of being started, else the start failed
 
 
+# squeue's states of a job that has ended (the rest: pending, running, completing, suspended, ...).
+SLURM_ENDED = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+               "TIMEOUT"}
+SLURM_TIMEOUT_S = 60.0  # for one squeue/scancel/scontrol call: slurmctld answers in milliseconds when it is up
+
+
 @dataclass
 class Job:
-    pid: int  # the wrapper's: it is the job's process group and session leader
-    host: str
+    pid: int | None  # the wrapper's: it is the job's process group and session leader (None: a Slurm job not yet started)
+    host: str | None
     started_ticks: int | None  # /proc/<pid>/stat field 22: tells this process from a later one with the same pid
     started_at: float  # wall clock, for people
     attempt: int
@@ -50,10 +63,28 @@ class Job:
     exit_status: int | None = None
     ended_at: float | None = None
     extra: dict = field(default_factory=dict)  # what the launcher adds (the Dagster run id that started it, ...)
+    slurm_job_id: str | None = None  # a job submitted with sbatch (submit_job): Slurm says whether it runs
+
+    @property
+    def identity(self) -> tuple:
+        """What tells this job from any other started in the same work dir."""
+        return ("slurm", self.slurm_job_id) if self.slurm_job_id else (self.host, self.pid, self.started_ticks)
+
+    @property
+    def name(self) -> str:
+        """The identity as one string (the Dagster run's `pretrain/job` tag): slurm:<id>, or host:pid:start ticks."""
+        return f"slurm:{self.slurm_job_id}" if self.slurm_job_id else f"{self.host}:{self.pid}:{self.started_ticks}"
 
     def alive(self) -> bool:
-        """The wrapper still runs on this host (a job on another host cannot be seen from here: not alive)."""
-        if self.exit_status is not None or self.host != socket.gethostname():
+        """The wrapper still runs on this host (a job on another host cannot be seen from here: not alive); a Slurm
+        job: queued or running, as squeue says (when slurmctld cannot be asked, it is taken as alive: a job taken
+        for dead would be started a second time)."""
+        if self.exit_status is not None:
+            return False
+        if self.slurm_job_id:
+            state = slurm_state(self.slurm_job_id)
+            return state is None or state not in SLURM_ENDED
+        if self.host != socket.gethostname():
             return False
         ticks = _start_ticks(self.pid)
         if ticks is None:
@@ -63,11 +94,19 @@ class Job:
     def signal(self, signum: int) -> None:
         """Send SIGINT or SIGTERM to the wrapper, which passes it on to the command (the trainer drains). Not to
         the group: the command would get it twice, and a second SIGINT means "stop now" to many programs."""
-        if self.alive():
+        if self.slurm_job_id:
+            # To the job's steps (srun's tasks: each node's torchrun, which passes it to its ranks), not to the batch
+            # script: the wrapper there would pass it to srun, which takes one SIGINT as a request for its status.
+            _slurm("scancel", f"--signal={signal.Signals(signum).name.removeprefix('SIG')}", self.slurm_job_id)
+        elif self.alive():
             os.kill(self.pid, signum)
 
     def kill(self) -> None:
-        """SIGKILL to the whole job (its process group): nothing is left running."""
+        """SIGKILL to the whole job (its process group; on Slurm, scancel: every step and the batch script):
+        nothing is left running."""
+        if self.slurm_job_id:
+            _slurm("scancel", self.slurm_job_id)
+            return
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -76,7 +115,10 @@ class Job:
     def describe(self) -> str:
         state = "running" if self.alive() else (f"ended with status {self.exit_status}"
                                                 if self.exit_status is not None else "gone (no exit status)")
-        return f"job pid {self.pid} on {self.host}, attempt {self.attempt}, started {time.ctime(self.started_at)}: {state}"
+        where = f"pid {self.pid} on {self.host}" if self.pid is not None else "not started yet"
+        if self.slurm_job_id:
+            where = f"Slurm job {self.slurm_job_id} ({'batch script ' + where if self.pid is not None else 'queued'})"
+        return f"job {where}, attempt {self.attempt}, started {time.ctime(self.started_at)}: {state}"
 
 
 def read_job(work: str | os.PathLike) -> Job | None:
@@ -114,9 +156,12 @@ def job_summary(work: str | os.PathLike) -> dict | None:
     if state == "running" and last and last.get("tokens_per_s") and run.get("train_tokens"):
         eta = max(0.0, (run["train_tokens"] - last["tokens"]) / last["tokens_per_s"])
     return {"stage": run.get("stage", work.parent.name), "version": work.name, "state": state, "host": job.host,
-            "pid": job.pid, "attempt": job.attempt, "started_at": job.started_at, "ended_at": job.ended_at,
+            "pid": job.pid, "slurm_job_id": job.slurm_job_id, "attempt": job.attempt, "started_at": job.started_at,
+            "ended_at": job.ended_at,
             "step": last and last["step"], "tokens": last and last["tokens"], "loss": last and last["loss"],
-            "eta_s": eta, "resumes": restarts, "excluded_nodes": job.extra.get("excluded_nodes", []), "work": str(work)}
+            "eta_s": eta, "resumes": restarts, "excluded_nodes": job.extra.get("excluded_nodes", []),
+            # The launcher's record of every restart of this run: attempt, time, reason, and the node it left out.
+            "restarts": job.extra.get("restarts", []), "work": str(work)}
 
 
 def start_job(command: list[str], *, work: str | os.PathLike, env: dict, attempt: int, metrics_offset: int = 0,
@@ -145,6 +190,69 @@ def start_job(command: list[str], *, work: str | os.PathLike, env: dict, attempt
         time.sleep(0.05)
     wrapper.kill()
     raise RuntimeError(f"the job wrapper wrote no {work / JOB_FILE} within {START_TIMEOUT_S:.0f} s; see {log}")
+
+
+def submit_job(sbatch: list[str], command: list[str], *, work: str | os.PathLike, env: dict, attempt: int,
+               metrics_offset: int = 0, extra: dict | None = None) -> Job:
+    """Submit `command` as a Slurm batch job: `sbatch` with the options in `sbatch` (nodes, partition, time, ...;
+    resources/slurm.py), running the wrapper on <work>/job-<attempt>.sbatch, its output appended to
+    <work>/job-<attempt>.log. The job is submitted held, recorded in job.json, then released. Raises with
+    sbatch's own message if it refuses the job."""
+    work = Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / JOB_FILE).unlink(missing_ok=True)
+    log = work / f"job-{attempt}.log"
+    log.touch()  # followed from the start, also while the job waits in the queue
+    spec = {"attempt": attempt, "command": command, "log": str(log), "metrics_offset": metrics_offset,
+            "extra": extra or {}, "slurm": True}
+    script = work / f"job-{attempt}.sbatch"
+    script.write_text("#!/bin/bash\n# The training job's wrapper (trainer/job.py): it runs the srun step and records "
+                      "its exit status in job.json.\nexec " + shlex.join([sys.executable, str(Path(__file__).resolve()),
+                                                                        str(work / JOB_FILE), json.dumps(spec)]) + "\n")
+    out = subprocess.run([*sbatch, "--parsable", "--hold", "--output", str(log), "--open-mode=append",
+                          "--chdir", str(work), str(script)], env=env, capture_output=True, text=True,
+                         timeout=SLURM_TIMEOUT_S)
+    if out.returncode != 0:
+        raise RuntimeError(f"sbatch refused the training job ({out.returncode}): {out.stderr.strip() or out.stdout.strip()}")
+    job_id = out.stdout.strip().split(";")[0]  # "<id>" or "<id>;<cluster>"
+    job = Job(pid=None, host=None, started_ticks=None, started_at=time.time(), attempt=attempt, command=command,
+              log=str(log), metrics_offset=metrics_offset, extra=extra or {}, slurm_job_id=job_id)
+    write_job(work, job)
+    refused = release(job)
+    if refused:
+        _slurm("scancel", job_id)
+        raise RuntimeError(f"Slurm job {job_id} was submitted held but could not be released ({refused}): cancelled it")
+    return job
+
+
+def release(job: Job) -> str | None:
+    """Let a held Slurm job start: None, or scontrol's complaint (a job that is not held is one: a launcher that
+    died between the submission and the release left it held, and the next one that follows it releases it)."""
+    return _slurm("scontrol", "release", job.slurm_job_id) if job.slurm_job_id else None
+
+
+def slurm_state(job_id: str) -> str | None:
+    """The job's state as squeue gives it ("RUNNING", "PENDING", ...), "COMPLETED" once slurmctld no longer knows
+    it (past MinJobAge), or None when slurmctld could not be asked."""
+    try:
+        out = subprocess.run(["squeue", "--noheader", "--jobs", job_id, "--format", "%T"], capture_output=True,
+                             text=True, timeout=SLURM_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return "COMPLETED" if "Invalid job id" in out.stderr else None
+    state = out.stdout.strip().split("\n")[0].strip()
+    return state or "COMPLETED"
+
+
+def _slurm(*args: str) -> str | None:
+    """scancel or scontrol on a job: None, or what went wrong. Callers mostly go on either way (a job that has just
+    ended refuses a signal; a job not held refuses a release): whether the job still runs is squeue's word."""
+    try:
+        out = subprocess.run(list(args), capture_output=True, text=True, timeout=SLURM_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    return None if out.returncode == 0 else (out.stderr.strip() or f"exit status {out.returncode}")
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -184,8 +292,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("spec", help="JSON: attempt, command, log, metrics_offset, extra")
     args = parser.parse_args(argv)
     path, spec = Path(args.job_file), json.loads(args.spec)
+    # A batch job: its id is Slurm's (the launcher submitted it held and wrote job.json before releasing it).
+    slurm_job_id = os.environ.get("SLURM_JOB_ID") if spec.pop("slurm", False) else None
     job = Job(pid=os.getpid(), host=socket.gethostname(), started_ticks=_start_ticks(os.getpid()),
-              started_at=time.time(), **spec)
+              started_at=time.time(), slurm_job_id=slurm_job_id, **spec)
     child = subprocess.Popen(spec["command"])  # same session and group: a signal to the group reaches both
 
     def pass_on(signum, _frame):

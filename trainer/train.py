@@ -19,8 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,7 +34,7 @@ from trainer.checkpoint import Checkpointer, Contents, saved_precision
 from trainer.config import RunConfig
 from trainer.data import rank_indices
 from trainer.engine import Dist, init_distributed
-from trainer.exits import TrainerExit
+from trainer.exits import TrainerExit, node_name
 from trainer.guard import GuardStop, RollbackRequested, SpikeGuard, TooManySkips, Verdict
 from trainer.metrics import Metrics, flops_per_token
 from trainer.optim import batch_at, lr_at, set_lr
@@ -250,7 +248,7 @@ class Trainer:
     def _hosts(self) -> list[str]:
         """Each rank's node, by rank (stragglers and corrupt ranks are reported with it): Slurm's node name
         when under Slurm (what `srun --exclude` takes), else the host name."""
-        mine = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        mine = node_name()
         hosts = [mine]
         if self.dist.world_size > 1:
             hosts = [None] * self.dist.world_size

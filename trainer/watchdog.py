@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import sys
 import threading
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from trainer.config import WatchdogConfig
-from trainer.exits import HANG_EXIT, write_failure
+from trainer.exits import HANG_EXIT, node_name, write_failure
 
 EXCHANGE_S = 10.0  # how long a firing rank waits for the others' reports
 COLLECTIVE_MARKERS = ("torch/distributed/", "deepspeed/comm/", "deepspeed/runtime/comm/")
@@ -76,7 +75,7 @@ class StepWatchdog:
         self.output_dir = Path(output_dir)
         self.on_fire = on_fire
         self._exit = exit
-        self.host = socket.gethostname()
+        self.host = node_name()  # what a launcher can leave out after two hangs
         self._durations: deque[float] = deque(maxlen=50)
         self._armed: tuple[int, float, float] | None = None  # (step, started, timeout)
         self._lock = threading.Lock()

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from trainer.job import Job, job_summary, read_job, start_job, write_job
+from trainer.job import Job, job_summary, read_job, start_job, submit_job, write_job
 
 
 def wait_until_ended(work, timeout=30.0) -> Job:
@@ -78,3 +78,42 @@ def test_the_summary_reads_the_jobs_own_files(tmp_path):
         assert shown["eta_s"] == pytest.approx(8.0) and shown["resumes"] == 1
     finally:
         read_job(tmp_path).kill()
+
+
+@pytest.mark.slow  # a real Slurm cluster (tests/slurm_cluster.py): ~10 s with a warm cluster
+def test_on_slurm_the_job_is_a_batch_job_known_by_its_id_and_signalled_through_scancel(slurm, tmp_path):
+    """submit_job: sbatch queues the wrapper held, job.json names the Slurm job id before it is released; Slurm says
+    whether it runs; a signal reaches the srun step (not the batch script), and the wrapper records the status."""
+    code = ("import signal, sys, time\n"
+            "def stop(signum, frame):\n    print('drain', flush=True); sys.exit(0)\n"
+            "signal.signal(signal.SIGINT, stop)\nprint('ready', flush=True)\ntime.sleep(120)\n")
+    sbatch = ["sbatch", "--export=ALL", "--job-name", "job-test", "--nodes", "1", "--partition", slurm.partition,
+              "--time", "00:05:00"]
+    job = submit_job(sbatch, ["srun", "--export=ALL", sys.executable, "-c", code], work=tmp_path,
+                     env=dict(os.environ), attempt=3, extra={"restarts": [{"attempt": 2, "reason": "exit status 4"}]})
+    [queued] = [j for j in slurm.jobs() if j["JobId"] == job.slurm_job_id]
+    assert queued["JobName"] == "job-test" and job.pid is None and job.identity == ("slurm", job.slurm_job_id)
+    deadline = time.monotonic() + 60
+    while "ready" not in open(job.log).read():
+        assert time.monotonic() < deadline, open(job.log).read()
+        time.sleep(0.1)
+    running = read_job(tmp_path)  # the wrapper, started by Slurm, wrote its pid and host, under the same identity
+    assert running.identity == job.identity and running.pid is not None and running.alive()
+    assert job_summary(tmp_path)["slurm_job_id"] == job.slurm_job_id
+    assert job_summary(tmp_path)["restarts"] == [{"attempt": 2, "reason": "exit status 4"}]
+    job.signal(signal.SIGINT)
+    ended = wait_until_ended(tmp_path, timeout=60)
+    assert ended.exit_status == 0 and open(job.log).read().split() == ["ready", "drain"]
+    deadline = time.monotonic() + 30
+    while job.alive():  # Slurm's word, once the batch script is done
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert (tmp_path / "job-3.sbatch").read_text().startswith("#!/bin/bash")
+
+
+@pytest.mark.slow  # the Slurm cluster
+def test_sbatch_refusing_the_job_is_an_error_with_its_message(slurm, tmp_path):
+    with pytest.raises(RuntimeError, match="sbatch refused the training job.*(?i:partition)"):
+        submit_job(["sbatch", "--partition", "no-such-partition"], ["true"], work=tmp_path, env=dict(os.environ),
+                   attempt=1)
+    assert read_job(tmp_path) is None  # nothing recorded for a job that does not exist
