@@ -80,7 +80,7 @@ class LaunchSettings(BaseModel):
     nnodes: int | None = Field(None, ge=1)
     max_restarts: int | None = Field(None, ge=0)
     restart_window_hours: float | None = Field(None, gt=0)  # max_restarts counts within this window (weeks-long runs)
-    slurm: SlurmConfig | None = None  # launcher slurm: partition, time, GPUs, srun args (resources/slurm.py)
+    slurm: SlurmConfig | None = None  # launcher slurm: partition, time, GPUs, sbatch args (resources/slurm.py)
 
     @field_validator("slurm", mode="before")
     @classmethod

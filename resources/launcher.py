@@ -8,11 +8,14 @@ The trainer process streams its progress lines into the Dagster run's log and it
 metadata. A training asset never imports torch: this is its only way to the trainer.
 
 A trainer that dies or fails is launched again, up to max_restarts times (within restart_window_hours, when
-set), and resumes from its newest committed checkpoint; each restart is logged as a warning and listed in LaunchResult.restarts. Exit
-statuses a restart cannot help (NOT_RESTARTABLE: 2 bad config, 3 spike guard, 5 silent data corruption)
-fail at once. The status comes from the trainer's <output_dir>/failure.json when it wrote one (moved aside
-to failure-<attempt>.json), else from torchrun's failure report (torchrun itself exits 1), else the
-process's own. A stage may override these fields for its launch (`launch(..., settings=)`, a recipe
+set), and resumes from its newest committed checkpoint; each restart is logged as a warning and listed in
+LaunchResult.restarts. Exit statuses a restart cannot help (NOT_RESTARTABLE: 2 bad config, 3 spike guard, 5 silent
+data corruption) fail at once, except where the launcher can leave a node out (Slurm, or DeepSpeed's hostfile, with
+more than one node): a node named by the silent-data-corruption check, by a straggler's drain, or by two hangs is
+excluded (`sbatch --exclude`, a hostfile without it) and the job restarts on the rest at the same global batch;
+every exclusion is in the restart's record (`excluded`, `why`) and in job.json for `pretrain jobs`. The status
+comes from the trainer's <output_dir>/failure.json when it wrote one (moved aside to failure-<attempt>.json), else
+from torchrun's failure report (torchrun itself exits 1), else the process's own. A stage may override these fields for its launch (`launch(..., settings=)`, a recipe
 stage's `launch:` in assets/stages.py).
 
 The job outlives the Dagster run that started it (trainer/job.py): the local launchers (python, torchrun,
@@ -23,18 +26,18 @@ training; the next launch in the same work dir (a new materialization of the sta
 resuming the run) finds it running and follows it instead of starting a second trainer, or finds how it ended
 while nobody watched. Stopping the Dagster run sends the job SIGINT: the trainer checkpoints and stops. The
 records of a launch are the trainer's metrics.jsonl lines from where its job started, so a launch that
-reattached has every record of the job, not only those sent after it came. Slurm launches still run srun in
-the foreground (a job that outlives the worker there needs sbatch: not built yet).
+reattached has every record of the job, not only those sent after it came. On Slurm the job is a batch job
+(sbatch, resources/slurm.py) that the launcher follows the same way, by its Slurm job id; stopping the Dagster run
+sends the job's steps SIGINT (`scancel --signal=INT`), then cancels the job if it has not stopped.
 
 How the processes start is resource configuration, never asset code:
 - launcher "python": one process (`python -m trainer`).
 - launcher "torchrun": nproc_per_node processes; with nnodes > 1 a c10d rendezvous at rdzv_endpoint
   (run the same command on every node) — or a single node with --standalone.
 - launcher "deepspeed": DeepSpeed's launcher, with a hostfile for several nodes.
-- launcher "slurm": one `srun` (one task per node, each a torchrun with a c10d rendezvous on the step's
-  first node) over nnodes nodes, with partition, time, GPUs and extra srun args in `slurm`
-  (resources/slurm.py). Run from a login node srun allocates the nodes itself; from inside an
-  allocation (sbatch/salloc) it uses them. The work dir, venv and store must be on a shared filesystem.
+- launcher "slurm": a batch job of nnodes nodes (sbatch; partition, time, GPUs and extra sbatch args in `slurm`,
+  resources/slurm.py) whose one srun step runs a torchrun per node with a c10d rendezvous on the step's first
+  node. Submit from any host that can run sbatch; the work dir, venv and store must be on a shared filesystem.
 """
 
 from __future__ import annotations
@@ -45,13 +48,11 @@ import re
 import signal
 import socket
 import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from subprocess import PIPE, Popen
 from typing import Literal
 
 from dagster import (
@@ -63,12 +64,16 @@ from dagster import (
     open_pipes_session,
 )
 
-from resources.slurm import SlurmConfig, pipes_files, srun_command
+from resources.slurm import SlurmConfig, pipes_files, sbatch_options, step_command
 # trainer/exits.py and trainer/job.py are torch-free: the launcher never imports torch.
-from trainer.exits import DRAIN_ENV, DRAIN_EXIT, FAILURE_FILE, NOT_RESTARTABLE
-from trainer.job import Job, read_job, start_job, write_job
+from trainer.exits import DRAIN_ENV, DRAIN_EXIT, FAILURE_FILE, HANG_EXIT, NOT_RESTARTABLE, SDC_EXIT
+from trainer.job import Job, read_job, release, start_job, submit_job, write_job
 
 FOLLOW_POLL_S = 0.2  # how often a followed job's log, and its job.json, are read
+ALIVE_POLL_S = 2.0  # how often whether it still runs is asked (on Slurm: one squeue call)
+HANGS_TO_EXCLUDE = 2  # a node named by this many hangs is left out of the restart (one hang may be the network's)
+JOB_TAG = "pretrain/job"  # the Dagster run's tag naming the training job it follows (trainer/job.py Job.name)
+RESTART_LOG = ("attempt", "time", "reason", "excluded", "why")  # what job.json keeps of each restart
 INTERRUPT_GRACE_S = 20.0  # a stopped Dagster run waits this long for the job to drain before it goes
 
 
@@ -77,8 +82,9 @@ class LaunchResult:
     summary: dict  # the trainer's summary.json (steps, tokens, losses, val_loss, skipped)
     records: list[dict] = field(default_factory=list)  # every metric record the trainer reported
     command: list[str] = field(default_factory=list)
-    # One per restart, in order: {attempt, exit_status, reason, failure (failure.json or None), resumed_step},
-    # and when a straggler's node was drained (Slurm): drained (the node) and the command without it.
+    # One per restart, in order: {attempt, exit_status, reason, failure (failure.json or None), resumed_step, time},
+    # and when a node was left out: excluded (the node), why ("silent data corruption", "straggler", "2 hangs"), the
+    # command without it, and on Slurm the sbatch options with its --exclude.
     restarts: list[dict] = field(default_factory=list)
 
     def events(self, name: str) -> list[dict]:
@@ -92,10 +98,10 @@ class LauncherResource(ConfigurableResource):
     node_rank: int = 0
     rdzv_endpoint: str | None = None  # host:port of the c10d rendezvous when nnodes > 1
     rdzv_id: str = "pretrain"
-    hostfile: str | None = None  # deepspeed: one line per node, "host slots=N"
+    hostfile: str | None = None  # deepspeed: one line per node, "host slots=N" (a node left out: a copy without it)
     master_port: int | None = None  # deepspeed: None = a free port on this machine
     env: dict[str, str] = {}  # added to the trainer's environment (e.g. OMP_NUM_THREADS, NCCL_* settings)
-    slurm: SlurmConfig = SlurmConfig()  # launcher "slurm": srun over nnodes nodes (resources/slurm.py)
+    slurm: SlurmConfig = SlurmConfig()  # launcher "slurm": a batch job over nnodes nodes (resources/slurm.py)
     max_restarts: int = 2  # a failed trainer is launched again (resuming) up to this many times...
     # ...within any window of this many hours (None: in the whole launch). A run of weeks loses a node every few
     # days: a lifetime count would end it, while three failures within hours say something is broken.
@@ -108,8 +114,8 @@ class LauncherResource(ConfigurableResource):
             if self.nproc_per_node != 1 or self.nnodes != 1:
                 raise ValueError("launcher 'python' runs one process: use 'torchrun' or 'deepspeed' for more")
             return [sys.executable, *trainer]
-        if self.launcher == "slurm":
-            return srun_command(self.slurm, self.nnodes, self.nproc_per_node, str(bin_dir / "torchrun"), trainer)
+        if self.launcher == "slurm":  # the step the batch job runs (submit_job adds sbatch's side)
+            return step_command(self.slurm, self.nnodes, self.nproc_per_node, str(bin_dir / "torchrun"), trainer)
         if self.launcher == "torchrun":
             cmd = [str(bin_dir / "torchrun"), "--nproc_per_node", str(self.nproc_per_node)]
             if self.nnodes == 1:
@@ -161,11 +167,15 @@ class LauncherResource(ConfigurableResource):
         records: list[dict] = []
         restarts: list[dict] = []
         attempts: list[str] = []
-        launcher, drained = self, []
+        launcher, hangs = self._with_earlier_exclusions(work), {}  # hangs: node -> how many hangs named it
+        command = launcher.command(run_json)
+        earlier = read_job(work)  # the restarts of earlier launches of this run stay in its job's record
+        history = list(earlier.extra.get("restarts", [])) if earlier is not None else []
         while True:
             attempt = len(attempts) + 1
+            logged = history + [{k: r[k] for k in RESTART_LOG if k in r} for r in restarts]
             status, messages = launcher._attempt(context, command, {**env, **launcher._drain_env()}, work,
-                                                 attempt=attempt, metrics=output_dir / "metrics.jsonl")
+                                                 attempt=attempt, metrics=output_dir / "metrics.jsonl", restarts=logged)
             records += messages
             if restarts and restarts[-1]["resumed_step"] is None:
                 resumed = [r for r in messages if r.get("event") == "resumed"]
@@ -179,7 +189,8 @@ class LauncherResource(ConfigurableResource):
                 status = failure["exit_status"]  # the trainer's own word (torchrun's status is 1 whatever it was)
             reason = _reason(status, failure)
             attempts.append(f"attempt {attempt}: {reason}")
-            if status in NOT_RESTARTABLE:
+            exclude = launcher._node_to_exclude(status, failure, hangs)
+            if status in NOT_RESTARTABLE and exclude is None:
                 raise Failure(description=f"the trainer failed with code {status} ({reason}) on attempt {attempt}: "
                                           "not restarted, a restart cannot help", allow_retries=False)
             now = time.time()
@@ -196,13 +207,15 @@ class LauncherResource(ConfigurableResource):
                               allow_retries=False)  # the restarts were the retries
             restarts.append({"attempt": attempt, "exit_status": status, "reason": reason, "failure": failure,
                              "resumed_step": None, "time": now})
-            if status == DRAIN_EXIT and failure is not None and failure.get("host"):
-                drained.append(failure["host"])
-                launcher = self._without(drained)
+            if exclude is not None:
+                host, why = exclude
+                launcher = launcher._without(host, work)
                 command = launcher.command(run_json)
-                restarts[-1].update(drained=failure["host"], command=command)
-                context.log.warning(f"draining {failure['host']} (a straggler): the job goes on on {launcher.nnodes} "
-                                    f"node(s) without {', '.join(drained)}: " + " ".join(command))
+                restarts[-1].update(excluded=host, why=why, command=command)
+                if launcher.launcher == "slurm":
+                    restarts[-1]["sbatch"] = sbatch_options(launcher.slurm, launcher.nnodes)
+                context.log.warning(f"EXCLUDED {host} ({why}): the job goes on on {launcher.nnodes} node(s) without "
+                                    f"{', '.join(launcher.excluded())}, at the same global batch")
             # Loud on purpose: a restart hides a fault (a dead node, a hang) that someone should look at.
             window = f" in {self.restart_window_hours:g} h" if self.restart_window_hours is not None else ""
             context.log.warning(f"RESTART {len(recent) + 1}/{self.max_restarts}{window}: the trainer failed on attempt "
@@ -212,25 +225,66 @@ class LauncherResource(ConfigurableResource):
         return LaunchResult(summary=summary, records=records, command=command, restarts=restarts)
 
     def _drain_env(self) -> dict[str, str]:
-        """Tell the trainer it may stop for a straggler's node to be left out: only Slurm can leave a node
-        out (srun --exclude), and only with another node to go on with."""
-        return {DRAIN_ENV: "1"} if self.launcher == "slurm" and self.nnodes > 1 else {}
+        """Tell the trainer it may stop for a straggler's node to be left out (only where one can be)."""
+        return {DRAIN_ENV: "1"} if self._can_exclude() else {}
 
-    def _without(self, hosts: list[str]) -> LauncherResource:
-        """This Slurm launch on the nodes left when `hosts` are excluded (the trainer resumes on fewer
-        ranks at the same global batch: its checkpoints reshard)."""
-        srun_args = [*self.slurm.srun_args, f"--exclude={','.join(hosts)}"]
-        return self.with_settings({"nnodes": self.nnodes - len(hosts), "slurm": self.slurm.model_copy(update={"srun_args": srun_args})})
+    def _can_exclude(self) -> bool:
+        """A node can be left out of a restart: on Slurm (--exclude), or with DeepSpeed's hostfile (a copy without
+        it); and only with another node to go on with."""
+        return self.nnodes > 1 and (self.launcher == "slurm" or (self.launcher == "deepspeed" and bool(self.hostfile)))
+
+    def _node_to_exclude(self, status: int, failure: dict | None, hangs: dict) -> tuple[str, str] | None:
+        """(node, why) when this failure names a node the restart should leave out, else None: the node of a rank
+        stopped for silent data corruption (restarting on it cannot help), of a straggler that drained, or one
+        that two hangs named. Counts hangs by node in `hangs`."""
+        host = (failure or {}).get("host")
+        if not host:
+            return None
+        if status == HANG_EXIT:
+            hangs[host] = hangs.get(host, 0) + 1
+        why = {SDC_EXIT: "silent data corruption", DRAIN_EXIT: "straggler"}.get(status)
+        if status == HANG_EXIT and hangs[host] >= HANGS_TO_EXCLUDE:
+            why = f"{hangs[host]} hangs"
+        return (host, why) if why and self._can_exclude() else None
+
+    def excluded(self) -> list[str]:
+        """The nodes this launch leaves out."""
+        return list(self.slurm.exclude) if self.launcher == "slurm" else _hostfile_excluded(self.hostfile)
+
+    def _with_earlier_exclusions(self, work: Path) -> LauncherResource:
+        """On Slurm, the nodes an earlier launch in this work dir left out stay out (a Dagster restart must not put
+        the job back on a node that corrupted its data)."""
+        earlier = read_job(work)
+        if self.launcher != "slurm" or earlier is None:
+            return self
+        launcher = self
+        for host in earlier.extra.get("excluded_nodes", []):
+            if host not in launcher.excluded() and launcher.nnodes > 1:
+                launcher = launcher._without(host, work)
+        return launcher
+
+    def _without(self, host: str, work: Path) -> LauncherResource:
+        """This launch on the nodes left when `host` is excluded too (the trainer resumes on fewer ranks at the
+        same global batch: its checkpoints reshard). Slurm: --exclude; DeepSpeed: a hostfile without it."""
+        if self.launcher == "slurm":
+            return self.with_settings({"nnodes": self.nnodes - 1,
+                                       "slurm": self.slurm.model_copy(update={"exclude": [*self.slurm.exclude, host]})})
+        lines = Path(self.hostfile).read_text().splitlines()
+        kept = [line for line in lines if line.split() and line.split()[0] != host]
+        if len(kept) == len(lines):
+            raise Failure(description=f"{host} is to be left out but is not in the hostfile {self.hostfile}")
+        excluded = [*_hostfile_excluded(self.hostfile), host]
+        path = work / f"hostfile-without-{len(excluded)}"
+        path.write_text(f"{EXCLUDED_MARK}{' '.join(excluded)}\n" + "\n".join(kept) + "\n")
+        return self.with_settings({"nnodes": self.nnodes - 1, "hostfile": str(path)})
 
     def _attempt(self, context: AssetExecutionContext, command: list[str], env: dict, work: Path, *,
-                 attempt: int, metrics: Path) -> tuple[int, list[dict]]:
+                 attempt: int, metrics: Path, restarts: list[dict]) -> tuple[int, list[dict]]:
         """One run of `command` under a Pipes session of its own: (the trainer's exit status, its records).
 
         Like PipesSubprocessClient.run, which raises on a non-zero exit and so loses the status and the
         records a failed attempt reported. The command's stderr is passed on to ours line by line and its tail
         kept: torchrun exits 1 whatever its ranks did, and only its failure report says what they did."""
-        if self.launcher == "slurm":
-            return self._attempt_in_foreground(context, command, env, work)
         tail: deque[str] = deque(maxlen=400)
         # Pipes through files in the work dir: a job that outlives this session goes on writing there, and a later
         # session on the same files reads what it writes from then on.
@@ -239,41 +293,23 @@ class LauncherResource(ConfigurableResource):
             if job is not None and job.alive():
                 context.log.warning(f"the training job started earlier is still running ({job.describe()}): "
                                     "following it instead of starting another trainer")
+                release(job)  # a Slurm job its launcher submitted held, and died before it released
             elif job is not None and job.exit_status is not None and not job.extra.get("followed"):
                 context.log.warning(f"the training job ended while no run followed it ({job.describe()})")
             else:
                 offset = metrics.stat().st_size if metrics.exists() else 0
-                job = start_job(command, work=work, env={**env, **session.get_bootstrap_env_vars()}, attempt=attempt,
-                                metrics_offset=offset, extra={"dagster_run_id": context.run.run_id})
+                start = dict(work=work, env={**env, **session.get_bootstrap_env_vars()}, attempt=attempt,
+                             metrics_offset=offset,
+                             extra={"dagster_run_id": context.run.run_id, "excluded_nodes": self.excluded(),
+                                    "restarts": restarts})  # for `pretrain jobs` and `pretrain status`
+                job = (submit_job(sbatch_options(self.slurm, self.nnodes), command, **start)
+                       if self.launcher == "slurm" else start_job(command, **start))
                 context.log.info(f"started the training {job.describe()}; its output: {job.log}")
+            # Which job this run follows, in the run's tags: found from the UI, and by whoever looks for the job.
+            context.instance.add_run_tags(context.run.run_id, {JOB_TAG: job.name, f"{JOB_TAG}_work": str(work)})
             status = _follow(context, job, work, tail)
         records = _records_since(metrics, job.metrics_offset)
-        if status != 0 and self.launcher == "torchrun":
-            status = _ranks_status("".join(tail), status)
-        return status, records
-
-    def _attempt_in_foreground(self, context: AssetExecutionContext, command: list[str], env: dict,
-                               work: Path) -> tuple[int, list[dict]]:
-        """srun as this process's child: the reporting rank may be on another node, so Pipes goes through
-        files in the shared work dir."""
-        tail: deque[str] = deque(maxlen=400)
-        with open_pipes_session(context=context, **pipes_files(work)) as session:
-            process = Popen(command, cwd=str(work), env={**env, **session.get_bootstrap_env_vars()}, stderr=PIPE)
-            tee = threading.Thread(target=_tee, args=(process.stderr, tail), daemon=True)
-            tee.start()
-            try:
-                process.wait()
-            except DagsterExecutionInterruptedError:
-                # As PipesSubprocessClient does: a stopped Dagster run gives the trainer a chance to exit cleanly.
-                context.log.info("[pipes] execution interrupted, sending SIGINT to the trainer")
-                process.send_signal(signal.SIGINT)
-                process.wait(timeout=INTERRUPT_GRACE_S)
-                raise
-            # A rank that outlives its launcher may hold the pipe open; the report came before the exit.
-            tee.join(timeout=10)
-        records = [m for m in session.get_custom_messages() if isinstance(m, dict)]
-        status = process.returncode
-        if status != 0:
+        if status != 0 and self.launcher in ("torchrun", "slurm"):
             status = _ranks_status("".join(tail), status)
         return status, records
 
@@ -282,6 +318,17 @@ class LauncherResource(ConfigurableResource):
         env = {**os.environ, **self.env}
         env.pop("WORLD_SIZE", None)
         PipesSubprocessClient(env=env, cwd=str(work_dir)).run(context=context, command=[sys.executable, *args])
+
+
+# The first line of a hostfile the launcher wrote without some nodes: which ones (DeepSpeed skips # lines).
+EXCLUDED_MARK = "# excluded: "
+
+
+def _hostfile_excluded(hostfile: str | None) -> list[str]:
+    if not hostfile or not Path(hostfile).is_file():
+        return []
+    first = Path(hostfile).read_text().split("\n", 1)[0]
+    return first[len(EXCLUDED_MARK):].split() if first.startswith(EXCLUDED_MARK) else []
 
 
 def _free_port() -> int:
@@ -298,16 +345,23 @@ def _follow(context: AssetExecutionContext, job: Job, work: Path, tail: deque) -
     """Pass the job's log on to our stderr (keeping its tail) until the job ends; its exit status. A job gone
     without one (its wrapper killed too, the host rebooted) counts as killed: -9. Marks the job followed, so a
     later launch starts a new one rather than reporting this end again."""
+    asked = 0.0
     with open(job.log, "rb") as log:
         try:
             while True:
                 _pass_on(log, tail)
                 current = read_job(work)
-                if current is None or current.pid != job.pid:
+                if current is None or current.identity != job.identity:
                     raise RuntimeError(f"{work / 'job.json'} no longer names the job followed ({job.describe()}): "
                                        "another launch took over this work dir")
-                if current.exit_status is not None or not current.alive():
+                if current.exit_status is not None:
                     break
+                if time.monotonic() - asked > ALIVE_POLL_S:
+                    asked = time.monotonic()
+                    if not current.alive():
+                        # It may have written its status between the two looks.
+                        current = read_job(work) or current
+                        break
                 time.sleep(FOLLOW_POLL_S)
         except DagsterExecutionInterruptedError:
             # The Dagster run was stopped: the job checkpoints and stops (it would outlive a run that died).
@@ -342,14 +396,6 @@ def _records_since(metrics: Path, offset: int) -> list[dict]:
         f.seek(offset)
         lines = f.read().splitlines()
     return [json.loads(line, parse_constant=lambda c: str(float(c))) for line in lines if line.strip()]
-
-
-def _tee(stream, tail: deque) -> None:
-    """Pass the trainer's stderr on to ours (fd 2, where it went before), keeping the last lines."""
-    for line in iter(stream.readline, b""):
-        os.write(2, line)
-        tail.append(line.decode(errors="replace"))
-    stream.close()
 
 
 def _ranks_status(report: str, status: int) -> int:

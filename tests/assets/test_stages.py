@@ -181,19 +181,22 @@ def test_a_stages_launch_settings_reach_its_trainer_command_and_leave_its_versio
 
 
 def test_a_stage_can_run_on_slurm_with_its_own_partition(tmp_path):
-    """The README's example: launch: {launcher: slurm, nnodes: 4, slurm: {...}} validates and makes the srun."""
+    """The README's example: launch: {launcher: slurm, nnodes: 4, slurm: {...}} validates and makes the batch job."""
     from assets.definitions import build_defs
     from resources.launcher import LauncherResource
+    from resources.slurm import sbatch_options
 
     def on_slurm(raw):
         raw["training"]["main"]["launch"] = {"launcher": "slurm", "nnodes": 4, "nproc_per_node": 8, "slurm": {
-            "partition": "gpu", "time": "12:00:00", "gpus_per_node": 8, "srun_args": ["--account=ml"]}}
+            "partition": "gpu", "time": "12:00:00", "gpus_per_node": 8, "sbatch_args": ["--account=ml"]}}
 
     defs = build_defs(load_recipe(write_recipe(tmp_path, on_slurm)))
     from dagster import AssetKey
 
     launch = defs.resolve_asset_graph().get(AssetKey(["training", "main"])).metadata["launch"].value
-    command = LauncherResource().with_settings(launch).command(tmp_path / "run.json")
-    assert command[0] == "srun" and "--account=ml" in command
+    launcher = LauncherResource().with_settings(launch)
+    assert launcher.command(tmp_path / "run.json")[0] == "srun"  # the step the batch job runs
+    command = sbatch_options(launcher.slurm, launcher.nnodes)
+    assert command[0] == "sbatch" and "--account=ml" in command
     for flag, value in [("--nodes", "4"), ("--partition", "gpu"), ("--time", "12:00:00"), ("--gpus-per-node", "8")]:
         assert command[command.index(flag) + 1] == value

@@ -17,6 +17,7 @@ from tests.conftest import REPO
 from tests.trainer.conftest import run_dict
 from tests.trainer.faults import fault_env
 from trainer.checkpoint_store import LocalCheckpoints
+from trainer.job import read_job
 
 
 def test_commands_for_each_launcher(tmp_path):
@@ -61,6 +62,11 @@ def test_a_training_asset_streams_the_trainers_progress_into_dagster(tmp_path, m
     logs = [e.user_message for e in instance.all_logs(outcome.run_id)]
     assert any(m.startswith("step 8 | loss") for m in logs), logs[-20:]
     assert any("validation" in m for m in logs)
+    # The run's tags name the job it followed (host:pid:start ticks), as job.json does.
+    job = read_job(tmp_path / "work")
+    tags = instance.get_run_by_id(outcome.run_id).tags
+    assert tags["pretrain/job"] == f"{job.host}:{job.pid}:{job.started_ticks}" == job.name
+    assert tags["pretrain/job_work"] == str(tmp_path / "work")
 
 
 def test_a_failing_trainer_fails_the_asset_with_its_error(tmp_path):
@@ -85,7 +91,8 @@ TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 # Stands in for the trainer's ways of ending (the real trainer is used below where it can fail on cue): attempt k
 # reports itself through Pipes and in out/metrics.jsonl, as the trainer does (and, from the second on, a "resumed"
 # record), then ends as run.json's
-# plan[k-1] says: 0 (summary.json written), a status, "kill" (SIGKILL to itself), "hang" (failure.json and 4).
+# plan[k-1] says: 0 (summary.json written), a status, "kill" (SIGKILL to itself), "hang" (failure.json and 4), or a
+# failure record (written as failure.json, then its exit_status).
 FAKE_TRAINER = '''
 import json, os, signal, sys
 from pathlib import Path
@@ -108,6 +115,9 @@ if end == "kill":
 if end == "hang":
     (out / "failure.json").write_text(json.dumps(run["failure"]))
     sys.exit(4)
+if isinstance(end, dict):  # a failure record: written as the trainer writes it, then its exit status
+    (out / "failure.json").write_text(json.dumps(end))
+    sys.exit(end["exit_status"])
 if end == "rank1":  # under torchrun: rank 1 stops with `status`, writing nothing; rank 0 waits to be stopped
     if os.environ["RANK"] == "1":
         sys.exit(run["status"])
@@ -125,6 +135,8 @@ class ScriptLauncher(LauncherResource):
     under_torchrun: bool = False
 
     def command(self, run_json):
+        if self.hostfile:  # what DeepSpeed's launcher would be given (the stand-in ignores it)
+            return [sys.executable, self.script, str(run_json), "--hostfile", self.hostfile]
         if self.under_torchrun:
             return [TORCHRUN, "--standalone", "--nproc_per_node", "2", self.script, str(run_json)]
         return [sys.executable, self.script, str(run_json)]
@@ -216,6 +228,42 @@ def test_restarts_count_within_a_window_so_failures_spread_out_do_not_end_a_long
     assert error is None, error
     assert metadata["restarts"] == 3 and (tmp_path / "spread" / "out" / "attempts").read_text() == "xxxx"
     assert [r["exit_status"] for r in metadata["restart_log"]] == [-9, 7, -9]
+
+
+def _failure(kind: str, status: int, host: str) -> dict:
+    return {"kind": kind, "exit_status": status, "rank": 1, "step": 7, "host": host, "message": f"{kind} on {host}"}
+
+
+def test_a_node_named_by_two_hangs_or_by_sdc_is_left_out_through_a_hostfile_without_it(tmp_path):
+    """DeepSpeed's launcher over a hostfile of 3 nodes: one hang on node-1 restarts on every node; a second one
+    there leaves node-1 out (a hostfile without it); silent data corruption on node-2, which no restart on the same
+    node can help, leaves node-2 out at once instead of failing the launch."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node-0 slots=8\nnode-1 slots=8\nnode-2 slots=8\n")
+    plan = [_failure("hang", 4, "node-1"), _failure("hang", 4, "node-1"), _failure("sdc", 5, "node-2"), 0]
+    config, script = _fake(tmp_path, plan)
+    launcher = ScriptLauncher(script=str(script), launcher="deepspeed", nnodes=3, hostfile=str(hostfile), max_restarts=3)
+    metadata, logs, error = _materialize(_launching_asset(config, tmp_path / "work"), launcher)
+    assert error is None, error
+    first, second, third = metadata["restart_log"]
+    assert "excluded" not in first and "command" not in first  # one hang may be the network's: every node again
+    assert (second["excluded"], second["why"], third["excluded"], third["why"]) == (
+        "node-1", "2 hangs", "node-2", "silent data corruption")
+    without_1, without_both = Path(second["command"][-1]), Path(third["command"][-1])
+    assert [line.split()[0] for line in without_1.read_text().splitlines() if not line.startswith("#")] == ["node-0", "node-2"]
+    assert [line.split()[0] for line in without_both.read_text().splitlines() if not line.startswith("#")] == ["node-0"]
+    assert hostfile.read_text().count("slots") == 3  # the user's own file is left as it was
+    assert [m.split(":")[0] for m in logs if m.startswith("EXCLUDED")] == [
+        "EXCLUDED node-1 (2 hangs)", "EXCLUDED node-2 (silent data corruption)"]
+    assert (tmp_path / "out" / "attempts").read_text() == "xxxx"
+    assert read_job(tmp_path / "work").extra["excluded_nodes"] == ["node-1", "node-2"]  # for `pretrain jobs`
+
+
+def test_sdc_fails_at_once_where_no_node_can_be_left_out(tmp_path):
+    config, script = _fake(tmp_path, [_failure("sdc", 5, "node-0"), 0])
+    _, _, error = _materialize(_launching_asset(config, tmp_path / "work"), ScriptLauncher(script=str(script)))
+    assert "failed with code 5" in error and "a restart cannot help" in error
+    assert (tmp_path / "out" / "attempts").read_text() == "x"
 
 
 def test_what_a_restart_cannot_help_fails_at_once_even_under_torchrun(tmp_path, trainer_env):

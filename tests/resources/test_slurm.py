@@ -1,38 +1,54 @@
-"""The launcher on Slurm: one srun step, a torchrun per node, and the trainer's reports still reach Dagster.
+"""The launcher on Slurm: a batch job (sbatch) with one srun step, a torchrun per node; the trainer's reports still
+reach Dagster, and the job outlives the Dagster run that submitted it.
 
 The other tests run on a real Slurm (munged, slurmctld and two slurmd on this host, started by the `slurm`
 fixture, tests/slurm_cluster.py): a tiny training asset on 1 node x 2 processes and on 2 nodes x 1 must give
-the very run torchrun --standalone gives with 2 processes; and inside an sbatch allocation the same srun
-is a step of that job.
+the very run torchrun --standalone gives with 2 processes; a run worker killed mid-training leaves the Slurm job
+training and the next materialization follows it; a straggler's node, and a node whose rank corrupts its
+gradients, are left out of the restart.
 """
 
 import json
-import shlex
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
 import uuid
 
 import pytest
+import torch
 from dagster import AssetExecutionContext, DagsterInstance, MaterializeResult, asset, materialize
 
 from resources.launcher import LauncherResource
-from resources.slurm import SlurmConfig, node_script
+from resources.slurm import SlurmConfig, node_script, sbatch_options
 from tests.conftest import REPO
 from tests.ports import free_port
 from tests.trainer.conftest import run_dict
 from tests.trainer.faults import fault_env
+from trainer.checkpoint_store import LocalCheckpoints, step_name
+from trainer.job import read_job
 
 
-def test_the_srun_command_and_each_nodes_torchrun(tmp_path):
+def test_the_sbatch_options_the_srun_step_and_each_nodes_torchrun(tmp_path):
     run = tmp_path / "run.json"
-    slurm = SlurmConfig(partition="gpu", time="12:00:00", gpus_per_node=8, cpus_per_task=64, rdzv_port=29555,
-                        srun_args=["--account=ml", "--exclusive"])
+    slurm = SlurmConfig(partition="gpu", time="7-00:00:00", gpus_per_node=8, cpus_per_task=64, rdzv_port=29555,
+                        exclude=["node-7"], sbatch_args=["--account=ml", "--exclusive"])
+    sbatch = sbatch_options(slurm, 4)
+    for flag, value in [("--nodes", "4"), ("--ntasks-per-node", "1"), ("--partition", "gpu"),
+                        ("--time", "7-00:00:00"), ("--gpus-per-node", "8"), ("--cpus-per-task", "64")]:
+        assert sbatch[sbatch.index(flag) + 1] == value, flag
+    # The Pipes variables must reach the job; a node taken out stays out; the user's own options pass through.
+    assert sbatch[0] == "sbatch" and {"--export=ALL", "--exclude=node-7", "--account=ml", "--exclusive"} <= set(sbatch)
     cmd = LauncherResource(launcher="slurm", nnodes=4, nproc_per_node=8, slurm=slurm).command(run)
     srun, script = cmd[:-3], cmd[-1]
     assert srun[0] == "srun" and cmd[-3:-1] == ["bash", "-c"]
-    for flag, value in [("--nodes", "4"), ("--ntasks-per-node", "1"), ("--partition", "gpu"),
-                        ("--time", "12:00:00"), ("--gpus-per-node", "8"), ("--cpus-per-task", "64")]:
+    # A step inherits neither the CPUs per task nor the GPUs per node from its job: given again.
+    for flag, value in [("--nodes", "4"), ("--ntasks-per-node", "1"), ("--gpus-per-node", "8"), ("--cpus-per-task", "64")]:
         assert srun[srun.index(flag) + 1] == value, flag
-    # The Pipes variables must reach every task; one failed node stops the step; a Dagster stop ends it.
-    assert {"--export=ALL", "--kill-on-bad-exit=1", "--quit-on-interrupt", "--account=ml", "--exclusive"} <= set(srun)
+    assert {"--export=ALL", "--kill-on-bad-exit=1"} <= set(srun)  # one failed node stops the step
     assert 'scontrol show hostnames "$SLURM_STEP_NODELIST" | head -n 1' in script
     torchrun = script.splitlines()[-1]
     assert torchrun.startswith("exec ") and "/torchrun --nproc_per_node 8 " in torchrun
@@ -41,10 +57,13 @@ def test_the_srun_command_and_each_nodes_torchrun(tmp_path):
     assert 'scontrol show node --oneliner "$head"' in script  # its NodeAddr: a node name need not resolve
     assert torchrun.endswith(f"-m trainer --config {run}")
     # Without a partition or a time limit the cluster's defaults apply: no empty flags.
-    bare = LauncherResource(launcher="slurm").command(run)
+    bare = sbatch_options(SlurmConfig(), 1)
     assert "--partition" not in bare and "--time" not in bare and "--gpus-per-node" not in bare
+    assert not [a for a in bare if a.startswith("--exclude")]
     with pytest.raises(ValueError, match="nnodes"):
         LauncherResource(launcher="slurm", nnodes=0).command(run)
+    with pytest.raises(ValueError, match="nnodes"):
+        sbatch_options(SlurmConfig(), 0)
     # A path with a space stays one argument of the trainer.
     assert node_script(SlurmConfig(), 1, "/opt/my venv/bin/torchrun", ["--config", "/a b/run.json"]).endswith(
         "--config '/a b/run.json'")
@@ -55,9 +74,9 @@ ENV = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu",
        "TORCH_EXTENSIONS_DIR": str(REPO / ".pretrain" / "torch_extensions")}
 
 
-def _train(launcher: LauncherResource, root):
+def _train(launcher: LauncherResource, root, config: dict | None = None):
     """Materialize a tiny training asset with this launcher: (outcome, instance, the LaunchResult)."""
-    config = run_dict(root / "out", metrics={"log_interval": 2, "eval_batches": 1, "tensorboard": False})
+    config = config or run_dict(root / "out", metrics={"log_interval": 2, "eval_batches": 1, "tensorboard": False})
     seen = {}
 
     @asset
@@ -126,25 +145,6 @@ def test_a_training_asset_on_slurm_reports_to_dagster_and_matches_torchrun(slurm
     assert _numbers(result.records) == _numbers(standalone.records)
 
 
-def test_inside_an_allocation_the_same_srun_is_a_step_of_it(slurm, tmp_path):
-    """A Dagster run that sbatch started runs the launcher's srun as a step of its own job, not a new job."""
-    name = f"outer-{uuid.uuid4().hex[:8]}"
-    launcher = LauncherResource(launcher="slurm", nnodes=2, slurm=SlurmConfig(
-        partition=slurm.partition, time="00:05:00", cpus_per_task=1, job_name="inner", rdzv_port=29555))
-    command = launcher.command(tmp_path / "run.json")
-    # /bin/echo in torchrun's place prints the arguments each node's torchrun would get.
-    command[-1] = command[-1].replace(command[-1].split("exec ", 1)[1].split(" ", 1)[0], "/bin/echo")
-    (tmp_path / "batch.sh").write_text("#!/bin/bash\n" + shlex.join(command) + "\n")
-    slurm.run("sbatch", "--wait", "--nodes", "2", "--job-name", name, "--chdir", str(tmp_path),
-              "--output", str(tmp_path / "batch.out"), str(tmp_path / "batch.sh"))
-    (job,) = [j for j in slurm.jobs() if j.get("JobName") == name]
-    assert job["JobState"] == "COMPLETED" and not [j for j in slurm.jobs() if j.get("JobName") == "inner"]
-    lines = sorted((tmp_path / "batch.out").read_text().splitlines())
-    assert lines == [f"--nproc_per_node 1 --nnodes 2 --node_rank {rank} --rdzv_backend c10d --rdzv_endpoint "
-                     f"127.0.0.1:29555 --rdzv_id {job['JobId']}.0 -m trainer --config {tmp_path / 'run.json'}"
-                     for rank in (0, 1)]
-
-
 def test_a_straggling_node_is_drained_and_the_job_goes_on_without_it(slurm, tmp_path):
     """straggler.drain on 2 nodes: the slow rank's node is left out of the restart (srun --exclude), and the
     run resumes on the other node alone at the same global batch (its checkpoint resharded)."""
@@ -169,7 +169,8 @@ def test_a_straggling_node_is_drained_and_the_job_goes_on_without_it(slurm, tmp_
     assert straggler["rank"] == 1 and straggler["host"] in slurm.nodes  # Slurm's node name, what --exclude takes
     [drain] = result.events("drain")
     [restart] = result.restarts
-    assert restart["exit_status"] == 6 and restart["drained"] == straggler["host"] == drain["host"]
+    assert restart["exit_status"] == 6 and restart["excluded"] == straggler["host"] == drain["host"]
+    assert restart["why"] == "straggler"
     assert restart["resumed_step"] == drain["step"] == straggler["step"] + 1  # checkpointed where it stopped
     [resumed] = result.events("resumed")
     assert resumed["world_size"] == 2 and resumed["universal"]  # 2 ranks' checkpoint into 1 rank
@@ -178,5 +179,132 @@ def test_a_straggling_node_is_drained_and_the_job_goes_on_without_it(slurm, tmp_
     jobs = [j for j in slurm.jobs() if j.get("JobName") == job_name]
     assert [j["NumNodes"] for j in jobs] == ["2", "1"], jobs
     assert jobs[1]["NodeList"] != straggler["host"] and jobs[1]["JobState"] == "COMPLETED"
-    srun = restart["command"]
-    assert f"--exclude={straggler['host']}" in srun and srun[srun.index("--nodes") + 1] == "1"
+    sbatch, srun = restart["sbatch"], restart["command"]
+    assert f"--exclude={straggler['host']}" in sbatch and sbatch[sbatch.index("--nodes") + 1] == "1"
+    assert srun[srun.index("--nodes") + 1] == "1"
+
+
+# The Dagster run in a process of its own, to be killed: the same tiny asset, the launcher from JSON.
+RUN_WORKER = """
+import json, sys
+from dagster import AssetExecutionContext, DagsterInstance, MaterializeResult, asset, materialize
+from resources.launcher import LauncherResource
+config, work, launcher = json.loads(sys.argv[1]), sys.argv[2], LauncherResource(**json.loads(sys.argv[3]))
+
+@asset
+def tiny_run(context: AssetExecutionContext, launcher: LauncherResource) -> MaterializeResult:
+    launcher.launch(context, config, work)
+    return MaterializeResult()
+
+materialize([tiny_run], instance=DagsterInstance.ephemeral(), resources={"launcher": launcher})
+"""
+
+
+def _train_steps(output_dir) -> list[dict]:
+    path = output_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [r for r in map(json.loads, lines) if r.get("event") == "train"]
+
+
+def _final_weights(output_dir):
+    from trainer.weights import checkpoint_weights
+
+    final = LocalCheckpoints(output_dir / "checkpoints").committed()[-1]
+    return final, checkpoint_weights(output_dir / "checkpoints" / step_name(final))[0]
+
+
+@pytest.mark.slow  # ~1 min: the Slurm job, killed worker and all, then the same run under torchrun
+def test_a_killed_run_worker_leaves_the_slurm_job_training_and_the_next_run_follows_it(slurm, tmp_path):
+    """SIGKILL to the process running the Dagster run mid-training: the batch job goes on (Slurm says RUNNING);
+    the next materialization follows that job by its Slurm job id instead of submitting a second one, every step
+    is trained once, and the final checkpoint is bit for bit the one an uninterrupted run writes."""
+    job_name = f"pretrain-follow-{uuid.uuid4().hex[:8]}"
+    launcher = LauncherResource(launcher="slurm", nnodes=2, nproc_per_node=1, env={**ENV, **fault_env("slow:seconds=0.25")},
+                                slurm=SlurmConfig(partition=slurm.partition, time="00:10:00", cpus_per_task=1,
+                                                  job_name=job_name, rdzv_port=free_port()))
+    config = run_dict(tmp_path / "out", train_tokens=24 * 8 * 64, checkpoint={"interval_steps": 8},
+                      metrics={"log_interval": 1, "eval_batches": 0, "tensorboard": False})
+    work = tmp_path / "work"
+    worker = subprocess.Popen([sys.executable, "-c", RUN_WORKER, json.dumps(config), str(work),
+                               launcher.model_dump_json()], cwd=REPO, env={**os.environ, **slurm.env},
+                              start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while not [r for r in _train_steps(tmp_path / "out") if r["step"] >= 3]:
+            assert worker.poll() is None, "the run worker ended before it could be killed"
+            assert time.monotonic() < deadline, "no step 3 within 240 s"
+            time.sleep(0.05)
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)  # the worker and its process group: the job is Slurm's, not theirs
+        worker.wait()
+    job = read_job(work)
+    [submitted] = [j for j in slurm.jobs() if j.get("JobName") == job_name]
+    assert job.slurm_job_id == submitted["JobId"] and submitted["JobState"] == "RUNNING", submitted
+    assert job.alive() and job.host == socket.gethostname()  # the wrapper runs as the batch script, on this host
+    step_when_killed = _train_steps(tmp_path / "out")[-1]["step"]
+    assert step_when_killed < 24
+
+    outcome, instance, result = _train(launcher, tmp_path, config)  # the same work dir: it follows the job
+    assert outcome.success
+    logs = [e.user_message for e in instance.all_logs(outcome.run_id)]
+    assert any("still running" in m and f"Slurm job {job.slurm_job_id}" in m for m in logs), logs
+    assert instance.get_run_by_id(outcome.run_id).tags["pretrain/job"] == f"slurm:{job.slurm_job_id}"
+    assert [j["JobId"] for j in slurm.jobs() if j.get("JobName") == job_name] == [job.slurm_job_id]  # no second job
+    assert read_job(work).exit_status == 0 and not result.restarts
+    steps = [r["step"] for r in _train_steps(tmp_path / "out")]
+    assert steps == list(range(1, 25)), steps  # every step once: nothing trained twice, nothing resumed
+    assert not result.events("resumed") and [r["step"] for r in result.events("train")] == steps
+
+    # The same run uninterrupted (torchrun --standalone, 2 processes): the same losses and final weights, bit for bit.
+    reference = tmp_path / "reference"
+    ref_outcome, _, ref = _train(LauncherResource(launcher="torchrun", nproc_per_node=2, env=ENV), reference,
+                                 {**config, "output_dir": str(reference / "out")})
+    assert ref_outcome.success
+    assert [(r["step"], r["loss"]) for r in result.events("train")] == [(r["step"], r["loss"]) for r in ref.events("train")]
+    (step, mine), (their_step, theirs) = _final_weights(tmp_path / "out"), _final_weights(reference / "out")
+    assert step == their_step == 24 and mine.keys() == theirs.keys()
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+
+@pytest.mark.slow  # ~1 min: 2 Slurm jobs and a reference run
+def test_a_node_whose_rank_corrupts_its_gradients_is_left_out_and_the_job_goes_on_without_it(slurm, tmp_path):
+    """Silent data corruption on 2 nodes: rank 1's gradients corrupt at step 5 (sdc.max_offences 1) stop the job
+    naming its node; the launcher restarts it without that node (sbatch --exclude), on 1 node at the same global
+    batch from the step-4 checkpoint, and from there its losses are those of a 1-node run from the same checkpoint."""
+    job_name = f"pretrain-sdc-{uuid.uuid4().hex[:8]}"
+    launcher = LauncherResource(launcher="slurm", nnodes=2, nproc_per_node=1, env={**ENV, **fault_env("corrupt:rank=1,step=5")},
+                                slurm=SlurmConfig(partition=slurm.partition, time="00:10:00", cpus_per_task=1,
+                                                  job_name=job_name, rdzv_port=free_port()))
+    config = run_dict(tmp_path / "out", train_tokens=10 * 8 * 64, deepspeed={"zero_stage": 1},
+                      checkpoint={"interval_steps": 2, "keep_last": 10}, sdc={"max_offences": 1},
+                      metrics={"log_interval": 1, "eval_batches": 0, "tensorboard": False})
+    outcome, instance, result = _train(launcher, tmp_path, config)
+    assert outcome.success
+    [sdc] = result.events("sdc")
+    assert sdc["rank"] == 1 and sdc["step"] == 5 and sdc["host"] in slurm.nodes
+    [restart] = result.restarts
+    assert restart["exit_status"] == 5 and restart["excluded"] == sdc["host"]
+    assert restart["why"] == "silent data corruption" and restart["failure"]["host"] == sdc["host"]
+    assert f"--exclude={sdc['host']}" in restart["sbatch"] and restart["resumed_step"] == 4
+    [resumed] = result.events("resumed")
+    assert resumed["world_size"] == 2 and resumed["universal"]  # 2 ranks' checkpoint into 1 rank
+    jobs = [j for j in slurm.jobs() if j.get("JobName") == job_name]
+    assert [j["NumNodes"] for j in jobs] == ["2", "1"] and jobs[1]["NodeList"] != sdc["host"], jobs
+    assert read_job(tmp_path / "work").extra["excluded_nodes"] == [sdc["host"]]  # what `pretrain jobs` shows
+    logs = [e.user_message for e in instance.all_logs(outcome.run_id)]
+    assert any(m.startswith(f"EXCLUDED {sdc['host']} (silent data corruption)") for m in logs), logs
+    assert result.summary["steps"] == 10
+
+    # A run on 1 node (one process) from the same step-4 checkpoint: the same losses from the restart on.
+    one_node = tmp_path / "one-node"
+    (one_node / "out" / "checkpoints").mkdir(parents=True)
+    shutil.copytree(tmp_path / "out" / "checkpoints" / step_name(4), one_node / "out" / "checkpoints" / step_name(4))
+    (one_node / "out" / "checkpoints" / "latest").write_text("4")
+    ref_outcome, _, ref = _train(LauncherResource(env=ENV), one_node, {**config, "output_dir": str(one_node / "out")})
+    assert ref_outcome.success and [r["step"] for r in ref.events("resumed")] == [4]
+    def after_resume(records):
+        resumed = next(i for i, r in enumerate(records) if r.get("event") == "resumed")
+        return [(r["step"], r["loss"]) for r in records[resumed:] if r.get("event") == "train"]
+
+    assert after_resume(result.records) == after_resume(ref.records)
+    assert [step for step, _ in after_resume(ref.records)] == list(range(5, 11))
