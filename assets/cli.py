@@ -34,6 +34,7 @@ import io
 import json
 import os
 import sys
+import time
 
 from assets.home import ensure_dagster_home
 
@@ -339,20 +340,33 @@ def _status(args) -> int:
     width = max(len(row[0]) for row in rows)
     for name, state, cause in rows:
         print(f"{name:<{width}}  {state:<7}  {cause}")
+    # Every restart of a training job and every node it left out, with the reason: read from the jobs' own files,
+    # so a job still running (or one whose Dagster run died) shows them too.
+    # The same three columns: key, "restart", what happened.
+    for job in _training_jobs():
+        for r in job["restarts"]:
+            left_out = f"; left out {r['excluded']} ({r['why']})" if r.get("excluded") else ""
+            print(f"{'training/' + job['stage']:<{width}}  {'restart':<7}  after attempt {r['attempt']} at "
+                  f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r['time']))}: {r['reason']}{left_out}")
     return 0
+
+
+def _training_jobs() -> list[dict]:
+    """Every training job started under $PRETRAIN_HOME/work/training (trainer/job.py job_summary), newest first."""
+    from assets.home import pretrain_home
+    from trainer.job import JOB_FILE, job_summary
+
+    jobs = [job_summary(path.parent) for path in (pretrain_home() / "work" / "training").glob(f"*/*/{JOB_FILE}")]
+    return sorted(jobs, key=lambda j: -j["started_at"])
 
 
 def _jobs(args) -> int:
     """Every training job started under $PRETRAIN_HOME/work/training, newest first. Works without the Dagster
     webserver or instance: the jobs' own files say it all (trainer/job.py job_summary)."""
-    import time
-
     from assets.home import pretrain_home
-    from trainer.job import JOB_FILE, job_summary
 
     root = pretrain_home() / "work" / "training"
-    jobs = [job_summary(path.parent) for path in root.glob(f"*/*/{JOB_FILE}")]
-    jobs.sort(key=lambda j: -j["started_at"])
+    jobs = _training_jobs()
     if args.json:
         for job in jobs:
             print(json.dumps(job))
@@ -360,12 +374,15 @@ def _jobs(args) -> int:
     if not jobs:
         print(f"no training job under {root}", file=sys.stderr)
         return 0
-    print(f"{'stage':<12} {'state':<12} {'job':<22} {'step':>7} {'tokens':>13} {'loss':>8} {'ETA':>9} {'resumes':>7}  started")
+    print(f"{'stage':<12} {'state':<12} {'job':<22} {'step':>7} {'tokens':>13} {'loss':>8} {'ETA':>9} {'resumes':>7} "
+          f"{'restarts':>8}  {'excluded':<16} started")
     for j in jobs:
         eta = time.strftime("%H:%M:%S", time.gmtime(j["eta_s"])) if j["eta_s"] is not None else "-"
         loss = f"{j['loss']:.4f}" if isinstance(j["loss"], float) else "-"
-        print(f"{j['stage']:<12} {j['state']:<12} {j['host'] + ':' + str(j['pid']):<22} {j['step'] or '-':>7} "
-              f"{j['tokens'] or '-':>13} {loss:>8} {eta:>9} {j['resumes']:>7}  {time.ctime(j['started_at'])}")
+        where = f"slurm:{j['slurm_job_id']}" if j["slurm_job_id"] else f"{j['host']}:{j['pid']}"
+        excluded = ",".join(j["excluded_nodes"]) or "-"
+        print(f"{j['stage']:<12} {j['state']:<12} {where:<22} {j['step'] or '-':>7} {j['tokens'] or '-':>13} "
+              f"{loss:>8} {eta:>9} {j['resumes']:>7} {len(j['restarts']):>8}  {excluded:<16} {time.ctime(j['started_at'])}")
     return 0
 
 

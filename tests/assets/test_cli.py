@@ -147,3 +147,29 @@ def test_materialize_starts_the_local_helpers_before_dagster_loads(monkeypatch, 
             assert len(pool.processes) == 1 and pool.healthy()
     finally:
         WorkerPool.close_all()
+
+
+def test_jobs_and_status_show_every_restart_and_left_out_node_from_the_jobs_files(pretrain_home, capsys):
+    """`pretrain jobs` and `pretrain status` read a training job's restarts and excluded nodes from its job.json
+    (the launcher writes them there), so they show them while the job runs, with no Dagster run following it."""
+    from trainer.job import Job, write_job
+
+    work = pretrain_home / "work" / "training" / "main" / "abc123"
+    work.mkdir(parents=True)
+    (work / "run.json").write_text(json.dumps({"stage": "main", "train_tokens": 1000, "output_dir": str(work / "out")}))
+    restarts = [{"attempt": 1, "time": 1.8e9, "reason": "exit status 4: hang (rank 1, step 7, host node-1): stuck"},
+                {"attempt": 2, "time": 1.8e9 + 60, "reason": "exit status 5: sdc (rank 3, host node-2): outliers",
+                 "excluded": "node-2", "why": "silent data corruption"}]
+    write_job(work, Job(pid=None, host=None, started_ticks=None, started_at=1.8e9 + 120, attempt=3, command=["srun"],
+                        log=str(work / "job-3.log"), exit_status=0, slurm_job_id="4242",
+                        extra={"excluded_nodes": ["node-2"], "restarts": restarts}))
+    capsys.readouterr()
+    assert main(["jobs"]) == 0
+    header, row = capsys.readouterr().out.splitlines()
+    assert header.split()[:3] == ["stage", "state", "job"] and "restarts" in header and "excluded" in header
+    assert row.split()[:3] == ["main", "done", "slurm:4242"] and " 2  node-2 " in row
+    assert main(["status"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if " restart " in line]
+    assert [line.split(None, 2)[:2] for line in rows] == [["training/main", "restart"]] * 2
+    assert rows[0].endswith("exit status 4: hang (rank 1, step 7, host node-1): stuck")
+    assert rows[1].endswith("outliers; left out node-2 (silent data corruption)")
