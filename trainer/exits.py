@@ -9,6 +9,8 @@
     5  SDC          one rank gave corrupt figures too often (trainer.rank_checks); restarting on the same node
                     cannot help
     6  DRAIN        it stopped (checkpointed) so the launcher restarts it without a straggler's node
+    7  STOP         SIGINT or SIGTERM asked it to stop (a stopped Dagster run, scancel, a time limit): it checkpointed
+                    after the step all ranks agreed on; a restart resumes there
 
 Every failure also writes <output_dir>/failure.json: under torchrun the launcher sees torchrun's own exit
 status (1), so that file is how it knows what happened. Its schema (FAILURE_FIELDS): kind, exit_status and
@@ -28,11 +30,12 @@ GUARD_EXIT = 3
 HANG_EXIT = 4
 SDC_EXIT = 5
 DRAIN_EXIT = 6
+STOP_EXIT = 7
 
 FAILURE_FILE = "failure.json"
 # kind -> exit status: the failure.json kinds the trainer writes.
 KINDS = {"config": CONFIG_EXIT, "guard_stop": GUARD_EXIT, "hang": HANG_EXIT, "sdc": SDC_EXIT,
-         "straggler": DRAIN_EXIT}
+         "straggler": DRAIN_EXIT, "stopped": STOP_EXIT}
 FAILURE_FIELDS = ("kind", "exit_status", "message", "rank", "host", "step")  # the first three always present
 
 # The statuses a restart cannot help: the launcher fails the launch at once, with this reason.

@@ -10,6 +10,11 @@ the global sample index, which is the data loader's whole state, the skipped dat
 callback that has one (guard, sdc, canary). The guard's rollback restores the newest checkpoint before
 the spike, then jumps the data over the window.
 
+SIGINT or SIGTERM (a stopped Dagster run, scancel, a Slurm time limit or preemption) asks the run to stop: each
+rank notes it, the ranks agree on it through the step's one gather of per-rank figures (a rank that stopped a step
+before the others would leave them waiting in a collective), and every rank checkpoints after that step and exits
+with STOP_EXIT. A second signal, seconds after the first, stops at once.
+
 Long because a step is one sequence to read (data, forward and backward or a pipeline's schedule, the gate, the
 callbacks), and resume, rollback and evaluation change the same state it does; split, the order would be scattered.
 """
@@ -19,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -134,6 +141,8 @@ class Trainer:
         self.history: list[dict] = []  # per step: step, loss, grad_norm, lr, batch, applied, samples
         self.val_loss: dict[str, float] = {}
         self._stop: tuple[dict, TrainerExit] | None = None  # stop_after_step()
+        self._signalled: str | None = None  # SIGINT / SIGTERM seen by this rank, not yet agreed on
+        self._signalled_at = 0.0
         self.hosts = self._hosts()
         self.guard = SpikeGuard(cfg.guard)
         self.watchdog = StepWatchdog(cfg.watchdog, rank=self.dist.rank, world_size=self.dist.world_size,
@@ -321,14 +330,21 @@ class Trainer:
             loss_sum += loss.detach().float()
         # The guard needs the global mean loss before DeepSpeed's boundary step calls the gate; the
         # SDC and straggler checks need every rank's own loss, gradient norm and busy time.
-        per_rank = gather_floats([loss_sum, module.probe.local_norm(), torch.tensor(busy, device=d.device)], d)
+        per_rank = gather_floats([loss_sum, module.probe.local_norm(), torch.tensor(busy, device=d.device),
+                                  self._signal_flag()], d)
         self._pre_update(rec, per_rank, accum=accum, replicas=d.world_size)
         module.update(lambda: self._gate(rec))
         return self._after_update(rec)
 
     def _pre_update(self, rec: StepRecord, per_rank: list, *, accum: int, replicas: int) -> None:
-        """From every rank's (loss sum, gradient norm, busy seconds): the global mean loss over the `replicas`' micro-
-        batches, the per-rank figures, and the callbacks' pre-update checks (a refusal becomes the step's verdict)."""
+        """From every rank's (loss sum, gradient norm, busy seconds, signalled): the global mean loss over the
+        `replicas`' micro-batches, the per-rank figures, the callbacks' pre-update checks (a refusal becomes the step's
+        verdict), and whether any rank was asked to stop (then every rank stops after this step)."""
+        if any(r[3] for r in per_rank):
+            ranks = [rank for rank, r in enumerate(per_rank) if r[3]]
+            self.stop_after_step({"event": "stopped", "ranks": ranks}, StopRequested(
+                f"stopped by a signal ({self._signalled or 'on another rank'}; rank(s) {ranks}) after step "
+                f"{rec.step + 1}, checkpointed: a restart resumes there"))
         rec.loss = sum(r[0] for r in per_rank) / (accum * replicas)
         rec.figures = {"loss": [r[0] / accum for r in per_rank], "grad_norm": [r[1] for r in per_rank]}
         rec.busy = [r[2] for r in per_rank]
@@ -367,7 +383,7 @@ class Trainer:
                 # replicas' micro-batches, the global mean loss, as the unpipelined step's.
                 busy = torch.tensor(time.perf_counter() - started, device=self.dist.device)
                 nan = torch.tensor(math.nan, device=self.dist.device)  # no per-rank gradient norm: a stage's is partial
-                per_rank = gather_floats([module.pipeline_loss_sum(), nan, busy], self.dist)
+                per_rank = gather_floats([module.pipeline_loss_sum(), nan, busy, self._signal_flag()], self.dist)
                 self._pre_update(rec, per_rank, accum=accum, replicas=module.dp_size)
             return self._gate(rec)
 
@@ -408,9 +424,23 @@ class Trainer:
 
     # -- the run -----------------------------------------------------------------------------------
 
+    def _signal_flag(self) -> torch.Tensor:
+        return torch.tensor(1.0 if self._signalled else 0.0, device=self.dist.device)
+
+    def _on_signal(self, signum, _frame) -> None:
+        # The same stop often arrives twice within milliseconds (Slurm signals every process of the step, then
+        # torchrun passes it on to its ranks): one request. A second one asked for later means now.
+        if self._signalled and time.monotonic() - self._signalled_at > SIGNAL_AGAIN_S:
+            raise KeyboardInterrupt(f"{signal.Signals(signum).name} again")
+        if not self._signalled:
+            self._signalled, self._signalled_at = signal.Signals(signum).name, time.monotonic()
+
     def fit(self) -> dict:
         cfg, st = self.cfg, self.state
         ok = False
+        handlers = {}
+        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread only
+            handlers = {signum: signal.signal(signum, self._on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
         try:
             while not self.at_end():
                 try:
@@ -428,6 +458,8 @@ class Trainer:
             self.metrics.log_event({"event": "guard_stop", "step": st.step, "message": str(e)})
             raise
         finally:
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
             self.close(ok=ok)
         summary = {"steps": st.step, "tokens": st.tokens, "start_tokens": st.start_tokens,
                    "sample_index": st.sample_index, "val_loss": self.val_loss,
@@ -491,6 +523,15 @@ class Trainer:
         finally:
             if self.metrics is not None:
                 self.metrics.close()
+
+
+SIGNAL_AGAIN_S = 2.0  # a stop signal this long after the first stops the run at once, not after its step
+
+
+class StopRequested(TrainerExit):
+    """A signal asked the run to stop: it checkpointed after the step every rank agreed on (a restart resumes)."""
+
+    kind = "stopped"
 
 
 def train(cfg: RunConfig, *, train_source: BatchSource | None = None,

@@ -308,3 +308,57 @@ def test_a_node_whose_rank_corrupts_its_gradients_is_left_out_and_the_job_goes_o
 
     assert after_resume(result.records) == after_resume(ref.records)
     assert [step for step, _ in after_resume(ref.records)] == list(range(5, 11))
+
+
+def _trainer_processes(run_json) -> list[int]:
+    """Pids of every process still running the trainer on `run_json` (torchrun agents and ranks), from /proc."""
+    found = []
+    for entry in os.scandir("/proc"):
+        try:
+            argv = open(f"/proc/{entry.name}/cmdline", "rb").read().split(b"\0") if entry.name.isdigit() else []
+        except OSError:
+            continue
+        if b"trainer" in argv and str(run_json).encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.slow  # ~30 s each
+@pytest.mark.parametrize("kind", ["slurm", "torchrun"])
+def test_stopping_the_dagster_run_checkpoints_and_stops_the_job_leaving_nothing_running(slurm, tmp_path, kind):
+    """SIGINT to the process running the Dagster run (how Dagster stops a run): the launcher asks the job to stop
+    (scancel --signal=INT to the Slurm step; SIGINT to the local job's wrapper); the ranks checkpoint after the step
+    they agree on and exit; no trainer process and no Slurm job is left."""
+    job_name = f"pretrain-stop-{uuid.uuid4().hex[:8]}"
+    launcher = LauncherResource(launcher=kind, nnodes=2 if kind == "slurm" else 1, nproc_per_node=1 if kind == "slurm" else 2,
+                                env={**ENV, **fault_env("slow:seconds=0.25")},
+                                slurm=SlurmConfig(partition=slurm.partition, time="00:10:00", cpus_per_task=1,
+                                                  job_name=job_name, rdzv_port=free_port()))
+    config = run_dict(tmp_path / "out", train_tokens=40 * 8 * 64, deepspeed={"zero_stage": 1},
+                      metrics={"log_interval": 1, "eval_batches": 0, "tensorboard": False})
+    work = tmp_path / "work"
+    worker = subprocess.Popen([sys.executable, "-c", RUN_WORKER, json.dumps(config), str(work),
+                               launcher.model_dump_json()], cwd=REPO, env={**os.environ, **slurm.env},
+                              start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while not [r for r in _train_steps(tmp_path / "out") if r["step"] >= 3]:
+            assert worker.poll() is None and time.monotonic() < deadline, "no step 3 in time"
+            time.sleep(0.05)
+        worker.send_signal(signal.SIGINT)  # the run worker alone: the job is not in its process group
+        worker.wait(timeout=120)
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+    job = read_job(work)
+    deadline = time.monotonic() + 60
+    while (job.alive() or _trainer_processes(work / "run.json")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not job.alive() and not _trainer_processes(work / "run.json"), job.describe()  # no orphan
+    if kind == "slurm":
+        [ended] = [j for j in slurm.jobs() if j.get("JobName") == job_name]
+        assert ended["JobState"] != "RUNNING", ended
+    records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    [stopped] = [r for r in records if r.get("event") == "stopped"]
+    assert stopped["step"] < 40 and LocalCheckpoints(tmp_path / "out" / "checkpoints").committed()[-1] == stopped["step"]
+    assert json.loads((tmp_path / "out" / "failure.json").read_text())["kind"] == "stopped"

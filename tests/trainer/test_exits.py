@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from tests.conftest import REPO
-from trainer.exits import (CONFIG_EXIT, DRAIN_EXIT, FAILURE_FILE, GUARD_EXIT, HANG_EXIT, KINDS, SDC_EXIT,
-                           TrainerExit, failure_record, write_failure)
+from trainer.exits import (CONFIG_EXIT, DRAIN_EXIT, FAILURE_FILE, GUARD_EXIT, HANG_EXIT, KINDS, NOT_RESTARTABLE,
+                           SDC_EXIT, STOP_EXIT, TrainerExit, failure_record, node_name, write_failure)
 
 
 def test_importing_exits_and_the_launcher_side_never_loads_torch():
@@ -19,10 +19,20 @@ def test_importing_exits_and_the_launcher_side_never_loads_torch():
 
 
 def test_statuses_and_kinds():
-    assert (CONFIG_EXIT, GUARD_EXIT, HANG_EXIT, SDC_EXIT, DRAIN_EXIT) == (2, 3, 4, 5, 6)
-    assert KINDS == {"config": 2, "guard_stop": 3, "hang": 4, "sdc": 5, "straggler": 6}
+    assert (CONFIG_EXIT, GUARD_EXIT, HANG_EXIT, SDC_EXIT, DRAIN_EXIT, STOP_EXIT) == (2, 3, 4, 5, 6, 7)
+    assert KINDS == {"config": 2, "guard_stop": 3, "hang": 4, "sdc": 5, "straggler": 6, "stopped": 7}
+    assert STOP_EXIT not in NOT_RESTARTABLE  # a job stopped by a time limit or preemption resumes when restarted
     assert failure_record("sdc", "rank 1 is corrupt", rank=1, host="n1") == {
         "kind": "sdc", "exit_status": 5, "message": "rank 1 is corrupt", "rank": 1, "host": "n1"}
+
+
+def test_a_failure_names_slurms_node_where_there_is_one(monkeypatch):
+    import socket
+
+    monkeypatch.delenv("SLURMD_NODENAME", raising=False)
+    assert node_name() == socket.gethostname()
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu-017")  # two Slurm nodes may share a host; --exclude takes this name
+    assert node_name() == "gpu-017"
 
 
 def test_each_stop_the_trainer_raises_says_its_status():
@@ -35,6 +45,9 @@ def test_each_stop_the_trainer_raises_says_its_status():
     sdc = SDCStop("x", rank=1, host="n1")
     assert (sdc.exit_status, sdc.kind, sdc.extra, sdc.rank) == (SDC_EXIT, "sdc", {"rank": 1, "host": "n1"}, 1)
     assert DrainRequested("x", rank=0, host="n0").exit_status == DRAIN_EXIT
+    from trainer.train import StopRequested
+
+    assert StopRequested("x").exit_status == STOP_EXIT
     refused = ResumeRefused("another global batch")
     assert isinstance(refused, ValueError) and refused.exit_status == CONFIG_EXIT
     assert all(isinstance(e, TrainerExit) for e in (sdc, refused, GuardStop("x")))

@@ -2,8 +2,10 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -173,3 +175,64 @@ def test_callbacks_are_called_at_their_points_in_order(tmp_path, monkeypatch):
                       ("post_step", s, s + 1)]
     assert calls == [("model_built",), *step(0), *step(1), ("close", True)]
     assert not trainer.watchdog._thread.is_alive()  # closed
+
+
+def _rank_pids(run_json) -> dict[int, int]:
+    """{rank: pid} of the trainer processes on `run_json`, from /proc (their RANK variable)."""
+    found = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = open(f"/proc/{entry.name}/cmdline", "rb").read().split(b"\0")
+            environ = dict(v.split(b"=", 1) for v in open(f"/proc/{entry.name}/environ", "rb").read().split(b"\0") if b"=" in v)
+        except OSError:
+            continue
+        if b"trainer" in argv and str(run_json).encode() in argv and b"RANK" in environ and b"torchrun" not in argv[1]:
+            found[int(environ[b"RANK"])] = int(entry.name)
+    return found
+
+
+@pytest.mark.slow  # ~40 s: 2 ranks stopped mid-run and resumed, and the reference run
+def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step_checkpointed_and_a_restart_resumes_exactly(tmp_path):
+    """SIGINT to rank 1 alone (as a stopped Dagster run or scancel sends it): the ranks agree on it in the step's
+    gather, both checkpoint after that step and exit 7 (failure.json: stopped); run again, the job resumes there and
+    ends with the losses of a run never stopped."""
+    from tests.trainer.faults import fault_env
+
+    sections = dict(train_tokens=16 * 8 * 64, deepspeed={"zero_stage": 1}, checkpoint={"keep_last": 20},
+                    metrics={"log_interval": 1, "eval_batches": 0, "tensorboard": False})
+    run = write_run(tmp_path / "stopped" / "run.json", **sections)
+    out = run.parent / "out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    torchrun = [os.path.join(BIN, "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "trainer", "--config", str(run)]
+    job = subprocess.Popen(torchrun, cwd=REPO, env={**env, **fault_env("slow:seconds=0.25")},
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "metrics.jsonl").exists() or not [
+                r for r in read_metrics(out) if r["event"] == "train" and r["step"] >= 3]:
+            assert job.poll() is None and time.monotonic() < deadline, "no step 3 in time"
+            time.sleep(0.05)
+        os.kill(_rank_pids(run)[1], signal.SIGINT)
+        output, _ = job.communicate(timeout=120)
+    finally:
+        job.kill()
+    assert job.returncode == 1  # torchrun's own status when its ranks failed
+    assert output.count("exitcode  : 7") == 2, output[-3000:]  # both ranks stopped, neither was left waiting
+    failure = json.loads((out / "failure.json").read_text())
+    assert failure["kind"] == "stopped" and failure["exit_status"] == 7
+    [stopped] = [r for r in read_metrics(out) if r.get("event") == "stopped"]
+    assert stopped["ranks"] == [1] and 3 <= stopped["step"] < 16
+    from trainer.checkpoint_store import LocalCheckpoints
+
+    assert LocalCheckpoints(out / "checkpoints").committed()[-1] == stopped["step"]  # checkpointed where it stopped
+
+    os.rename(out / "failure.json", out / "failure-1.json")
+    subprocess.run(torchrun, cwd=REPO, env=env, check=True, capture_output=True, timeout=300)
+    [resumed] = [r for r in read_metrics(out) if r.get("event") == "resumed"]
+    assert resumed["step"] == stopped["step"]
+    reference = write_run(tmp_path / "reference" / "run.json", **sections)
+    subprocess.run([*torchrun[:-1], str(reference)], cwd=REPO, env=env, check=True, capture_output=True, timeout=300)
+    losses = lambda o: {r["step"]: r["loss"] for r in read_metrics(o) if r["event"] == "train"}  # noqa: E731
+    assert losses(out) == losses(reference.parent / "out") and len(losses(out)) == 16
