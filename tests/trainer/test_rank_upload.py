@@ -328,3 +328,37 @@ def test_two_nodes_without_a_shared_folder_commit_in_the_store_and_resume_on_new
     (event,) = [r for r in read_metrics(tmp_path / "one" / "out") if r["event"] == "resumed"]
     assert (event["step"], event["source"], event["universal"]) == (9, "remote", True)
     assert losses == pytest.approx([reference[s] for s in (10, 11, 12)], abs=2e-3)  # 1 rank's reduction order
+
+
+@pytest.mark.slow  # a DeepSpeed engine trained for 14 steps in this process
+def test_the_guards_rollback_without_a_shared_folder_restores_a_step_committed_in_the_store(tmp_path):
+    from tests.trainer.test_checkpoint import GarbageAt
+    from trainer.train import Trainer, build_sources
+
+    store = tmp_path / "store"
+    cfg = from_dict(RunConfig, run_dict(
+        tmp_path / "out", train_tokens=14 * 8 * 64, optim={"lr": 1e-2}, metrics={"eval_batches": 0},
+        checkpoint={"interval_steps": 2, "keep_last": 10, "remote": str(store), "shared_local_dir": False,
+                    "local_dir": str(tmp_path / "node")},
+        guard={"warmup_steps": 4, "loss_ratio": 1.2, "max_strikes": 3, "strike_window": 5}))
+    remote = RemoteCheckpoints(open_store(str(store)), PREFIX)
+    seen = {}
+
+    class Watched(GarbageAt):
+        def batch(self, indices):
+            if 80 in indices and not seen:  # the first step after the rollback (it skips samples 56-79)
+                seen["committed"] = remote.committed()
+            return super().batch(indices)
+
+    train, val = build_sources(cfg)
+    summary = Trainer(cfg, train_source=Watched(train, set(range(56, 80))), val_sources=val).fit()
+    records = read_metrics(tmp_path / "out")
+    (rollback,) = [r for r in records if r["event"] == "rollback"]
+    # As with a shared folder (test_checkpoint): back to step 6, step 8 (its data past the spike's start) dropped.
+    assert (rollback["to_step"], rollback["skip_window"], rollback["discarded_checkpoints"]) == (6, [56, 80], [8])
+    assert summary["steps"] == 14 and summary["sample_index"] == 14 * 8 + 24
+    # The store is where a resume looks: step 8 of the path rolled back left it at the rollback.
+    assert seen["committed"] == [2, 4, 6]
+    assert remote.committed() == [2, 4, 6, 8, 10, 12, 14]
+    assert remote.manifest(6)["skip_windows"] == [] and remote.manifest(8)["skip_windows"] == [[56, 80]]
+    assert LocalCheckpoints(rank_dir(tmp_path / "node", 0)).committed() == [2, 4, 6, 8, 10, 12, 14]
