@@ -131,6 +131,21 @@ def test_a_rank_that_could_not_write_or_upload_leaves_the_step_uncommitted(tmp_p
     assert ranks.locals[0].committed() == [9, 12] and ranks.locals[1].committed() == [9, 12]  # local retention
 
 
+def test_rank_0_waits_for_a_confirmation_that_never_comes_and_still_leaves_when_the_run_stops(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    ranks = Ranks(store, tmp_path)
+    ranks.save(3, ranks=(0,))  # rank 1 never confirms step 3 (its network is down, or it died)
+    first = ranks.uploaders[0]
+    assert not first.flush(timeout=0.5) and first.pending() == {3}
+    assert store.exists(RemoteCheckpoints(store, PREFIX).key(3, "trainer.json"))  # its own files are up
+    start = time.monotonic()
+    first.close(timeout=0)  # a run that failed: no collective to abandon, the thread leaves at once
+    assert time.monotonic() - start < 2 and not first._thread.is_alive()
+    assert RemoteCheckpoints(store, PREFIX).committed() == []
+    assert {"event": "upload_abandoned", "steps": [3]} in ranks.events
+    ranks.uploaders[1].close()
+
+
 def test_a_rank_fetches_its_own_and_the_shared_files_verified_and_keeps_what_it_has(s3, tmp_path):
     store = open_store(f"s3://{s3.bucket}/ckpt")
     ranks = Ranks(store, tmp_path / "saved")
@@ -249,7 +264,7 @@ def model_states(store, prefix: str, step: int) -> dict:
         return torch.load(Path(tmp, "m.pt"), weights_only=False)["module"]
 
 
-@pytest.mark.slow  # three two-node runs of 12 steps and a one-rank resume: about 2 minutes on 2 cores
+@pytest.mark.slow  # three two-node runs of 12 steps and a one-rank resume: 35-100 s on 2 cores
 def test_two_nodes_without_a_shared_folder_commit_in_the_store_and_resume_on_new_nodes_bit_identical(
         tmp_path, s3, s3_proxy):
     client, ckpt = s3.client(), "checkpoints/main/run"
