@@ -39,8 +39,8 @@ PREFIX = "checkpoints/main/run"
 def rank_files(step: int, rank: int) -> dict[str, bytes]:
     """What rank `rank` of two writes under ZeRO-1: rank 0 also the model states and DeepSpeed's shared files."""
     files = shard_files(step)
-    own = {f"ds/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt": files[f"ds/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"],
-           f"rank-{rank:05d}.pt": files[f"rng/rank-{rank}.pkl"]}
+    optim = f"ds/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+    own = {optim: files[optim], f"rank-{rank:05d}.pt": files[f"rng/rank-{rank}.pkl"]}
     if rank == 0:
         own |= {"ds/mp_rank_00_model_states.pt": files["ds/mp_rank_00_model_states.pt"], "trainer.json": b"{}",
                 "ds/zero_to_fp32.py": b"# script"}
@@ -217,9 +217,9 @@ STEPS, EVERY = 12, 3
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 
 
-def node_run(folder: Path, url: str) -> Path:
+def node_run(folder: Path, url: str, stage: int) -> Path:
     """A 12-step run saving every 3 steps; each node's checkpoints under $NODE_SCRATCH (its own disk, on a cluster)."""
-    run = run_dict(folder / "out", train_tokens=STEPS * 8 * 64, deepspeed={"zero_stage": 1, "bf16": False},
+    run = run_dict(folder / "out", train_tokens=STEPS * 8 * 64, deepspeed={"zero_stage": stage, "bf16": False},
                    metrics={"eval_batches": 0},
                    checkpoint={"interval_steps": EVERY, "keep_last": 2, "remote": url, "shared_local_dir": False,
                                "local_dir": "$NODE_SCRATCH/checkpoints", "upload_retry_max_s": 0.5})
@@ -258,19 +258,25 @@ def node_folder(scratch: Path) -> tuple[int, LocalCheckpoints]:
     return int(sub.name.removeprefix("rank-")), LocalCheckpoints(sub)
 
 
-def model_states(store, prefix: str, step: int) -> dict:
+def final_weights(store, prefix: str, step: int) -> dict:
+    """The step's full fp32 weights (every rank's shards fetched from the store, then DeepSpeed's zero_to_fp32)."""
+    from trainer.weights import checkpoint_weights
+
+    remote = RemoteCheckpoints(store, prefix)
     with tempfile.TemporaryDirectory() as tmp:
-        store.download(f"{prefix}/{step_name(step)}/ds/mp_rank_00_model_states.pt", Path(tmp, "m.pt"))
-        return torch.load(Path(tmp, "m.pt"), weights_only=False)["module"]
+        local = LocalCheckpoints(tmp)
+        fetch(remote, local, step, remote.manifest(step), 0, everything=True)
+        return checkpoint_weights(local.path(step))[0]
 
 
-@pytest.mark.slow  # three two-node runs of 12 steps and a one-rank resume: 35-100 s on 2 cores
+@pytest.mark.slow  # three two-node runs of 12 steps and a one-rank resume: 35-100 s on 2 cores, per stage
+@pytest.mark.parametrize("stage", [1, 3])  # ZeRO-3: each rank's model states are its own shard too
 def test_two_nodes_without_a_shared_folder_commit_in_the_store_and_resume_on_new_nodes_bit_identical(
-        tmp_path, s3, s3_proxy):
+        tmp_path, s3, s3_proxy, stage):
     client, ckpt = s3.client(), "checkpoints/main/run"
 
     # 1. Uninterrupted: the reference. Each node's folder holds only its own rank's files; the store holds all.
-    ref_json = node_run(tmp_path / "ref", f"s3://{s3.bucket}/ref")
+    ref_json = node_run(tmp_path / "ref", f"s3://{s3.bucket}/ref", stage)
     ref_scratch = [tmp_path / "ref" / f"node{n}" for n in (0, 1)]
     finish_nodes(start_nodes(ref_json, ref_scratch, s3_proxy.url), ref_json)
     reference = _losses(read_metrics(ref_json.parent / "out"))
@@ -283,9 +289,10 @@ def test_two_nodes_without_a_shared_folder_commit_in_the_store_and_resume_on_new
     for rank, local in parts.items():
         assert local.committed() == [9, 12]  # local retention on each node
     own = {rank: {f["path"]: f["sha256"] for f in local.verify(12)["files"]} for rank, local in parts.items()}
-    assert set(own[1]) == {"ds/zero_pp_rank_1_mp_rank_00_optim_states.pt", "rank-00001.pt"}
-    assert not [p for p in own[0] if "rank_1" in p or "rank-00001" in p]
     manifest = remote.manifest(12)
+    of_rank_1 = {f["path"] for f in manifest["files"] if "_rank_1_" in f["path"] or f["path"] == "rank-00001.pt"}
+    assert "ds/zero_pp_rank_1_mp_rank_00_optim_states.pt" in of_rank_1
+    assert set(own[1]) == of_rank_1 and not set(own[0]) & of_rank_1  # rank 1's node: its files, only those
     assert {f["path"]: f["sha256"] for f in manifest["files"]} == {**own[0], **own[1]}
     assert {f["rank"] for f in manifest["files"] if f["path"] in own[1]} == {1}
     assert manifest["world_size"] == 2 and manifest["data_position"] == STEPS * 8
@@ -296,7 +303,7 @@ def test_two_nodes_without_a_shared_folder_commit_in_the_store_and_resume_on_new
     # 2. Rank 1's upload of step 6 is cut off (the network resets each attempt): rank 0 uploaded its files of
     # step 6 and trains on, but never commits the step.
     url = f"s3://{s3.bucket}/run"
-    run_json = node_run(tmp_path / "run", url)
+    run_json = node_run(tmp_path / "run", url, stage)
     out, remote = run_json.parent / "out", RemoteCheckpoints(open_store(url), ckpt)
     s3_proxy.block(b"/step-00000006/rank-00001.pt")
     procs = start_nodes(run_json, [tmp_path / "run" / f"first-node{n}" for n in (0, 1)], s3_proxy.url)
@@ -325,7 +332,7 @@ def test_two_nodes_without_a_shared_folder_commit_in_the_store_and_resume_on_new
     after = _losses(records[resumed[0]:])
     assert sorted(after) == list(range(4, STEPS + 1))
     assert after == {s: reference[s] for s in range(4, STEPS + 1)}  # bit for bit
-    final, expected = model_states(remote.store, ckpt, STEPS), model_states(ref_store, ckpt, STEPS)
+    final, expected = final_weights(remote.store, ckpt, STEPS), final_weights(ref_store, ckpt, STEPS)
     assert final.keys() == expected.keys() and all(torch.equal(final[k], expected[k]) for k in expected)
     assert remote.committed() == [9, 12] and not [k for k in remote.store.list(ckpt) if step_name(6) in k]
 
@@ -335,8 +342,8 @@ def test_two_nodes_without_a_shared_folder_commit_in_the_store_and_resume_on_new
     for key in [k for k in ref_store.list(ckpt) if step_name(9) in k]:
         client.copy_object(Bucket=s3.bucket, Key=f"one/{ckpt}/{key[len(ckpt) + 1:]}",
                            CopySource={"Bucket": s3.bucket, "Key": f"ref/{key}"})
-    one = run_dict(tmp_path / "one" / "out", train_tokens=STEPS * 8 * 64, deepspeed={"zero_stage": 1, "bf16": False},
-                   metrics={"eval_batches": 0},
+    one = run_dict(tmp_path / "one" / "out", train_tokens=STEPS * 8 * 64, metrics={"eval_batches": 0},
+                   deepspeed={"zero_stage": stage, "bf16": False},
                    checkpoint={"interval_steps": EVERY, "remote": f"s3://{s3.bucket}/one", "shared_local_dir": False,
                                "local_dir": str(tmp_path / "one" / "node")})
     losses = Trainer(from_dict(RunConfig, one)).fit()["losses"]
