@@ -206,7 +206,8 @@ class Checkpointer:
         return self._broadcast(point)
 
     def before(self, sample_index: int) -> ResumePoint | None:
-        """The newest committed, verified local step whose data position is at or before `sample_index`."""
+        """The newest committed, verified local step whose data position is at or before `sample_index`; without a
+        shared folder, the newest such step committed in the store (the uploads in flight are waited for first)."""
         point = None
         self._wait_writes()
         if not self.shared:  # the steps in flight are committed in the store (or not) before one is chosen

@@ -3,8 +3,7 @@ on its own disk and uploads them itself; rank 0 commits the step in the object s
 is confirmed. A resume on any nodes fetches each rank's files from the store.
 
     local = LocalCheckpoints(rank_dir(local_dir, rank))   # <local_dir>/rank-<r:05d>/: nobody else writes there
-    uploader = RankUploader(store, prefix, rank=r, world_size=n, confirm=Confirmations.create(r, n), local=local,
-                            keep_last=3)
+    uploader = RankUploader(store, prefix, rank=r, confirm=Confirmations.create(r, n), local=local, keep_last=3)
     uploader.commit_and_submit(local, step, header)    # the rank's writer thread, once its files are on disk
     uploader.submit_failed(step, error)                # or: its files could not be written
     point = find_committed(remote, local, rank, world_size, log=print)   # every rank: resume from the store
