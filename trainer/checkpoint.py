@@ -1,5 +1,9 @@
 """Checkpointer: save the whole replayable state of a run, resume from it, roll back to it.
 
+Long because saving, committing, resuming and rolling back share one set of threads and folders, for both
+layouts (one local_dir shared by every rank, or one per rank: trainer.rank_upload); split, each part would
+reach into the others' state.
+
     ckpt = Checkpointer.for_run(cfg, dist, on_event=metrics.log_event)
     point = ckpt.find_resume()               # newest verified local step, else remote (downloaded); or None
     ckpt.check_batch(point, cfg)             # a changed global batch is refused unless allowed
@@ -30,7 +34,9 @@ A step folder (<local_dir>/step-<N:08d>/, committed by trainer.checkpoint_store)
     manifest.json              written last: step, tokens, world_size, global_batch, data_position, the
                                resolved config, tokenizer_sha256, lineage, skip_windows, files with sha256
 
-Several ranks (and nodes) must see one local_dir: a shared filesystem, or a single node.
+Several ranks (and nodes) see one local_dir (a shared filesystem, or a single node), unless
+checkpoint.shared_local_dir is false: then each rank has <local_dir>/rank-<r>/ on its own disk, commits and
+uploads its own files, and rank 0 commits the step in the object store (trainer.rank_upload).
 
 Resuming on another world size at the same global batch uses DeepSpeed's universal checkpoint: rank 0
 converts the step's shards (deepspeed.checkpoint.ds_to_universal) into a scratch folder, the engine
@@ -64,6 +70,7 @@ from trainer.checkpoint_store import CorruptCheckpoint, LocalCheckpoints, Remote
 from trainer.config import CheckpointConfig, RunConfig
 from trainer.exits import TrainerExit
 from trainer.planner import young_checkpoint_interval
+from trainer.rank_upload import Confirmations, RankUploader, expand_local_dir, fetch, find_committed, rank_dir
 from trainer.train_module import to_universal
 from trainer.uploader import Uploader
 
@@ -149,7 +156,8 @@ class Checkpointer:
         self.cfg = cfg
         self.rank, self.world_size = rank, world_size
         self.on_event = on_event
-        self.local = LocalCheckpoints(local_dir)
+        self.shared = cfg.shared_local_dir
+        self.local = LocalCheckpoints(local_dir if self.shared else rank_dir(local_dir, rank))
         self.remote: RemoteCheckpoints | None = None
         self.store = None
         if cfg.remote:
@@ -158,7 +166,9 @@ class Checkpointer:
             self.store = open_store(cfg.remote)
             self.remote = RemoteCheckpoints(self.store, remote_prefix)
         self.remote_prefix = remote_prefix
-        self.uploader: Uploader | None = None  # rank 0, started at the first save
+        self.uploader: Uploader | None = None  # rank 0 (every rank without a shared folder), at the first save
+        # Without a shared folder the ranks confirm their uploads to rank 0 (every rank creates this, together).
+        self._confirm = None if self.shared else Confirmations.create(rank, world_size)
         # Uploader events arrive on its thread; the training thread writes them (metrics are not thread-safe).
         self._events: deque[dict] = deque()
         self.saved: list[int] = []  # steps saved by this process
@@ -179,24 +189,31 @@ class Checkpointer:
 
     @classmethod
     def for_run(cls, cfg: RunConfig, dist: Dist, on_event: Callable[[dict], None] = print) -> Checkpointer:
-        local = cfg.checkpoint.local_dir or os.path.join(cfg.output_dir, "checkpoints")
+        local = expand_local_dir(cfg.checkpoint.local_dir or os.path.join(cfg.output_dir, "checkpoints"))
         return cls(cfg.checkpoint, local_dir=local, remote_prefix=remote_prefix(cfg), rank=dist.rank,
                    world_size=dist.world_size, on_event=on_event)
 
     # -- finding a step to resume from -----------------------------------------------------------
 
     def find_resume(self) -> ResumePoint | None:
-        """Rank 0 looks (local, else remote: downloaded and verified); every rank gets its answer."""
+        """Rank 0 looks (local, else remote: downloaded and verified); every rank gets its answer. Without a
+        shared folder the store says which steps are committed and every rank fetches its files (rank_upload)."""
+        if not self.shared:
+            return find_committed(self.remote, self.local, self.rank, self.world_size, log=self._corrupt_event)
         point = None
         if self.rank == 0:
-            point = find_resume(self.local, self.remote, log=lambda msg: self._event({"event": "corrupt_checkpoint",
-                                                                                      "message": msg}))
+            point = find_resume(self.local, self.remote, log=self._corrupt_event)
         return self._broadcast(point)
 
     def before(self, sample_index: int) -> ResumePoint | None:
-        """The newest committed, verified local step whose data position is at or before `sample_index`."""
+        """The newest committed, verified local step whose data position is at or before `sample_index`; without a
+        shared folder, the newest such step committed in the store (the uploads in flight are waited for first)."""
         point = None
         self._wait_writes()
+        if not self.shared:  # the steps in flight are committed in the store (or not) before one is chosen
+            self._flush_uploads()
+            return find_committed(self.remote, self.local, self.rank, self.world_size, log=self._corrupt_event,
+                                  data_position=sample_index)
         if self.rank == 0:
             self._settle()  # a step whose commit is in flight counts
             for step in reversed(self.local.committed()):
@@ -206,7 +223,7 @@ class Checkpointer:
                     point = ResumePoint(step, self.local.path(step), self.local.verify(step), "local")
                     break
                 except CorruptCheckpoint as e:
-                    self._event({"event": "corrupt_checkpoint", "message": str(e)})
+                    self._corrupt_event(str(e))
         return self._broadcast(point)
 
     def check_batch(self, point: ResumePoint, cfg: RunConfig) -> None:
@@ -262,12 +279,14 @@ class Checkpointer:
         if not universal:
             return module.load(point.path, DS_TAG)
         scratch = self.local.root / f".universal-{point.path.name}"
-        if self.rank == 0:
+        if not self.shared:  # no rank sees another's folder: each one fetches every shard and converts them
+            fetch(self.remote, self.local, point.step, point.manifest, self.rank, everything=True)
+        if self.rank == 0 or not self.shared:
             to_universal(point.path / DS_TAG, scratch / DS_TAG)
         self._barrier()
         module.load(scratch, DS_TAG, universal=True)
         self._barrier()
-        if self.rank == 0:
+        if self.rank == 0 or not self.shared:
             shutil.rmtree(scratch, ignore_errors=True)
 
     # -- saving ----------------------------------------------------------------------------------
@@ -297,36 +316,46 @@ class Checkpointer:
         step = contents.step
         # One snapshot in flight per rank: the previous step's files are written before this one is copied.
         self._wait_writes()
-        if self.rank == 0:
-            # And committed: its commit waited for every rank's files, so no rank still writes into a folder
-            # that staging_dir() may clear (the same step saved again after a rollback). A failed one raises.
-            self._settle()
-            folder = self.local.staging_dir(step)
-        self._barrier()
-        if self.rank != 0:
-            folder = self.local.staging_dir(step, fresh=False)
+        if not self.shared:
+            folder = self._own_staging(step)
+        else:
+            if self.rank == 0:
+                # And committed: its commit waited for every rank's files, so no rank still writes into a folder
+                # that staging_dir() may clear (the same step saved again after a rollback). A failed one raises.
+                self._settle()
+                folder = self.local.staging_dir(step)
+            self._barrier()
+            if self.rank != 0:
+                folder = self.local.staging_dir(step, fresh=False)
         shards, zipfile = contents.module.snapshot(folder, DS_TAG)  # DeepSpeed's files, copied in memory
         rest = [(folder / rank_file(self.rank), rng_state())]
         if self.rank == 0:
             trainer_state = {name: obj.state_dict() for name, obj in contents.states.items()}
             rest.append((folder / TRAINER_FILE, json.dumps(trainer_state, indent=1).encode()))
         nbytes = state_bytes(shards)
-        rank = self.rank
+        rank, header = self.rank, {"step": step, "world_size": self.world_size, "run_name": self.cfg.run_name,
+                                   **contents.header}
+        own = None if self.shared else self.uploader  # without a shared folder: this rank commits its own files
 
         def write() -> None:
             try:
                 write_files(shards, zipfile_serialization=zipfile)
                 write_files(rest)
-                mark_written(folder, rank)  # the commit on rank 0 waits for this file from every rank
+                if own is None:
+                    mark_written(folder, rank)  # the commit on rank 0 waits for this file from every rank
             except BaseException as e:
-                mark_failed(folder, rank, e)
+                if own is None:
+                    mark_failed(folder, rank, e)
+                else:  # confirmed as failed: rank 0 then commits nothing of this step
+                    own.submit_failed(step, f"{type(e).__name__}: {e}")
                 raise
+            if own is not None:  # then uploads them and confirms to rank 0 (trainer.rank_upload)
+                own.commit_and_submit(self.local, step, {**header, "rank": rank})
 
         if self._writer is None:
             self._writer = BackgroundWriter()
         self._writer.submit(write)
-        if self.rank == 0:
-            header = {"step": step, "world_size": self.world_size, "run_name": self.cfg.run_name, **contents.header}
+        if self.rank == 0 and self.shared:
             if self._committer is None:
                 self._committer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-commit")
             self._commit_future = self._committer.submit(self._commit, step, header)
@@ -369,6 +398,20 @@ class Checkpointer:
                           protect=self.uploader.pending() if self.uploader else frozenset())
         return manifest
 
+    def _own_staging(self, step: int) -> Path:
+        """No shared folder: this rank's staging folder; its uploader (trainer.rank_upload) starts at the first save."""
+        if self.uploader is None:
+            self.uploader = RankUploader(self.store, self.remote_prefix, rank=self.rank, confirm=self._confirm,
+                                         local=self.local, keep_last=self.cfg.keep_last, keep_every=self.cfg.keep_every,
+                                         retry_max_s=self.cfg.upload_retry_max_s, on_event=self._events.append)
+        if step in self.uploader.pending():  # the same step saved again (a rollback): its last save settles first
+            self._flush_uploads()
+        return self.local.staging_dir(step)
+
+    def _flush_uploads(self) -> None:
+        while self.uploader is not None and not self.uploader.flush(timeout=1.0):
+            self.drain()  # the retries show while the run waits
+
     def _wait_writes(self) -> None:
         """Wait for this rank's background write; its error (a full disk, say) surfaces in the loop, loudly."""
         if self._writer is not None:
@@ -382,10 +425,13 @@ class Checkpointer:
 
     def discard_after(self, step: int) -> list[int]:
         """After a rollback to `step`: the local steps past it hold the path that was rolled back, so a
-        resume must never pick them. (Their remote copies are replaced when the run reaches them again.)"""
+        resume must never pick them. (Their remote copies are replaced when the run reaches them again; without a
+        shared folder, where a resume reads the store, their remote manifests are deleted at once.)"""
         dropped = []
         self._wait_writes()
-        if self.rank == 0:
+        if not self.shared:
+            self._flush_uploads()
+        if self.rank == 0 or not self.shared:
             self._settle()
             pending = self.uploader.pending() if self.uploader else set()
             for s in self.local.committed():
@@ -394,6 +440,9 @@ class Checkpointer:
                     os.rename(self.local.path(s), trash)
                     shutil.rmtree(trash, ignore_errors=True)
                     dropped.append(s)
+        if self.rank == 0 and not self.shared:  # the store is where a resume looks: those steps leave it first
+            for s in (s for s in self.remote.committed() if s > step):
+                self.store.delete(self.remote.key(s))  # the manifest: the step is no longer committed
         self._barrier()
         self.saved = [s for s in self.saved if s <= step]
         self._next_save = None
@@ -420,8 +469,8 @@ class Checkpointer:
             pending = sorted(self.uploader.pending())
             if pending and wait:
                 self._event({"event": "upload_wait", "steps": pending})
-            while wait and not self.uploader.flush(timeout=1.0):
-                self.drain()  # the retries show while the run waits
+            if wait:
+                self._flush_uploads()
             self.uploader.close(None if wait else 0)
             self.uploader = None
             if wait:  # the steps local retention kept for their uploads can go now
@@ -433,6 +482,9 @@ class Checkpointer:
             self.on_event(self._events.popleft())
 
     # -- plumbing --------------------------------------------------------------------------------
+
+    def _corrupt_event(self, message: str) -> None:
+        self._event({"event": "corrupt_checkpoint", "message": message})
 
     def _event(self, record: dict) -> None:
         self.drain()

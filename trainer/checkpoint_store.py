@@ -9,12 +9,11 @@ renamed from `step-<N>.partial` to `step-<N>`; `latest` moves only after that.
     manifest = local.commit(step, header)       # rank 0, after a barrier: hashes, manifest, rename, latest
     point = find_resume(local, RemoteCheckpoints(store, prefix))   # newest verified, local else remote
 
-Layout (DESIGN.md): <root>/step-<N:08d>/{..., manifest.json}, <root>/latest (text: the step number);
+Layout (docs/architecture.md): <root>/step-<N:08d>/{..., manifest.json}, <root>/latest (text: the step number);
 remotely <prefix>/step-<N:08d>/{..., manifest.json} with the manifest uploaded last, and <prefix>/latest.
-
 Several ranks share one `root` (one filesystem): rank 0 calls staging_dir() (which clears a crash's
 leftover), the others call staging_dir(step, fresh=False) after a barrier; only rank 0 commits,
-retains, uploads and downloads (then a barrier before the others read).
+retains, uploads and downloads (then a barrier before the others read); without one, trainer.rank_upload.
 """
 
 from __future__ import annotations
@@ -336,8 +335,7 @@ def _remote_steps(store: ObjectStore, prefix: str) -> tuple[list[int], list[int]
 
 
 def _content_mismatch(exc: StoreError) -> bool:
-    # S3Store verifies the sha256 recorded at upload on every read and raises StoreError on a mismatch.
-    return "content sha256" in str(exc)
+    return "content sha256" in str(exc)  # S3Store checks each read against the sha256 recorded at upload
 
 
 class RemoteCheckpoints:
@@ -377,27 +375,29 @@ class RemoteCheckpoints:
         staging = local.staging_dir(step)
         try:
             for entry in manifest["files"]:
-                dest = staging / entry["path"]
-                try:
-                    self.store.download(self.key(step, entry["path"]), dest)
-                except ObjectNotFoundError as exc:
-                    raise _corrupt(step, entry["path"], "missing", "remote ") from exc
-                except StoreError as exc:
-                    if not _content_mismatch(exc):
-                        raise
-                    raise _corrupt(step, entry["path"], str(exc), "remote ") from exc
-                size, sha = _hash_file(dest, fsync=False)
-                if size != entry["bytes"]:
-                    raise _corrupt(step, entry["path"], f"size {size} bytes, manifest says {entry['bytes']}", "remote ")
-                if sha != entry["sha256"]:
-                    raise _corrupt(step, entry["path"], f"sha256 mismatch (object {sha[:12]}…, manifest "
-                                   f"{entry['sha256'][:12]}…)", "remote ")
+                self.fetch(step, entry, staging / entry["path"])
             local_manifest = local.commit(step, manifest)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         assert local_manifest["files"] == manifest["files"], "downloaded files changed after verification"
         return ResumePoint(step, local.path(step), local_manifest, "remote")
+
+    def fetch(self, step: int, entry: dict, dest: Path) -> None:
+        """One file of the step's manifest (path, bytes, sha256) to `dest`, verified; CorruptCheckpoint if not."""
+        try:
+            self.store.download(self.key(step, entry["path"]), dest)
+        except ObjectNotFoundError as exc:
+            raise _corrupt(step, entry["path"], "missing", "remote ") from exc
+        except StoreError as exc:
+            if not _content_mismatch(exc):
+                raise
+            raise _corrupt(step, entry["path"], str(exc), "remote ") from exc
+        (size, sha), want = _hash_file(dest, fsync=False), entry["sha256"]
+        if size != entry["bytes"]:
+            raise _corrupt(step, entry["path"], f"size {size} bytes, manifest says {entry['bytes']}", "remote ")
+        if sha != want:
+            raise _corrupt(step, entry["path"], f"sha256 mismatch (object {sha[:12]}…, manifest {want[:12]}…)", "remote ")
 
 
 # --- resume ------------------------------------------------------------------------------------------

@@ -355,7 +355,10 @@ class CheckpointConfig(_Config):
 
     interval_steps: int = 0  # save every N optimizer steps; 0 = no fixed interval
     mtbf_hours: float | None = None  # automatic interval by Young's rule sqrt(2 · save time · MTBF)
-    local_dir: str | None = None  # None = <output_dir>/checkpoints
+    local_dir: str | None = None  # None = <output_dir>/checkpoints; $VARS are expanded on each rank ($TMPDIR)
+    # false: no folder is shared by the nodes (node-local disks): each rank writes its own files under
+    # <local_dir>/rank-<r>/ and uploads them itself, rank 0 commits the step in `remote` (trainer.rank_upload)
+    shared_local_dir: bool = True
     remote: str | None = None  # object-store URL (path, file://, s3://bucket/prefix); None = local only
     run_name: str = "run"
     keep_last: int = 3  # the newest k committed checkpoints are kept, locally and remotely
@@ -375,6 +378,9 @@ class CheckpointConfig(_Config):
             raise ValueError(f"checkpoint.mtbf_hours must be > 0, got {self.mtbf_hours}")
         if not self.run_name or "/" in self.run_name:
             raise ValueError(f"checkpoint.run_name must be a non-empty name without '/', got {self.run_name!r}")
+        if not self.shared_local_dir and not self.remote:
+            raise ValueError("checkpoint.shared_local_dir = false needs checkpoint.remote: without a shared folder "
+                             "the object store is where every rank's files meet and where a step is committed")
 
 
 class DataSection(_Config):

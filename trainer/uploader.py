@@ -47,7 +47,7 @@ class Uploader:
     After each upload, remote retention (keep_last / keep_every) runs. Events (uploaded, retry, deleted)
     go to `on_event` as dicts.
 
-    Events: {"event": "uploaded", step, seconds, bytes}, {"event": "upload_retry", step, error, attempt,
+    Events: {"event": "uploaded", step, seconds (from the first attempt), bytes}, {"event": "upload_retry", step, error, attempt,
     delay}, {"event": "deleted", step, where: "remote"}, {"event": "upload_skipped", step, reason} (the
     local folder was removed, e.g. by local retention, before it could be uploaded), {"event":
     "upload_failed", step, error} (not retryable: the local files no longer match their manifest),
@@ -136,9 +136,7 @@ class Uploader:
                 step, folder, commit = self._queue[0]
                 self._current = step
             try:
-                if commit is not None and not self._commit(step, *commit):
-                    continue
-                self._upload_with_retries(step, folder)
+                self._process(step, folder, commit)
             except BaseException as exc:  # a bug: report it rather than die silently with steps queued
                 logger.exception("checkpoint upload of %s crashed", step_name(step))
                 self.failed.append(step)
@@ -149,6 +147,11 @@ class Uploader:
                         self._queue.popleft()
                     self._current = None
                     self._cv.notify_all()
+
+    def _process(self, step: int, folder: Path, commit: tuple[LocalCheckpoints, dict] | None) -> None:
+        """One queued step: its commit when left to this thread, then its upload (trainer.rank_upload overrides)."""
+        if commit is None or self._commit(step, *commit):
+            self._upload_with_retries(step, folder)
 
     def _commit(self, step: int, local: LocalCheckpoints, header: dict) -> bool:
         start = time.monotonic()
@@ -162,49 +165,61 @@ class Uploader:
         return True
 
     def _upload_with_retries(self, step: int, folder: Path) -> None:
+        start = time.monotonic()
+        nbytes = self._retrying(step, folder, lambda: self._upload(step, folder))
+        if nbytes is not None:
+            self.uploaded.append(step)
+            self.on_event({"event": "uploaded", "step": step, "seconds": round(time.monotonic() - start, 3),
+                           "bytes": nbytes})
+            self._retain()
+
+    def _retrying(self, step: int, folder: Path, action: Callable[[], int]) -> int | None:
+        """action()'s result, retried with backoff through network errors; None when the step was given up on
+        (reported: its local files changed, or its folder is gone) or the uploader was stopped."""
         attempt = 0
         while not self._stop.is_set():
-            start = time.monotonic()
             try:
-                nbytes = self._upload(step, folder)
+                return action()
             except CorruptCheckpoint as exc:
                 self.failed.append(step)
                 self.on_event({"event": "upload_failed", "step": step, "error": str(exc)})
-                return
+                return None
             except self._retryable as exc:
                 if not (folder / MANIFEST).is_file():
                     # Local retention removed it while the network was down: a newer step supersedes it.
                     self.failed.append(step)
                     self.on_event({"event": "upload_skipped", "step": step,
                                    "reason": f"{folder} no longer exists ({type(exc).__name__})"})
-                    return
+                    return None
                 attempt += 1
                 delay = min(self.retry_max_s, self.retry_base_s * 2 ** (attempt - 1))
                 self.on_event({"event": "upload_retry", "step": step, "attempt": attempt, "delay": round(delay, 3),
                                "error": f"{type(exc).__name__}: {exc}"})
                 self._stop.wait(delay)
-                continue
-            self.uploaded.append(step)
-            self.on_event({"event": "uploaded", "step": step, "seconds": round(time.monotonic() - start, 3),
-                           "bytes": nbytes})
-            self._retain()
-            return
+        return None
 
     def _upload(self, step: int, folder: Path) -> int:
         """Every file, then the manifest (the remote commit), then `latest`; returns the bytes uploaded."""
-        manifest_path = folder / MANIFEST
-        manifest_data = manifest_path.read_bytes()
-        manifest = _read_manifest(manifest_data, step, "")
+        manifest_data = (folder / MANIFEST).read_bytes()
+        total = self._put_files(step, folder, _read_manifest(manifest_data, step, "")["files"])
+        self._put_manifest(step, manifest_data)
+        return total + len(manifest_data)
+
+    def _put_files(self, step: int, folder: Path, entries: list[dict]) -> int:
+        """The files of `entries` (path, bytes, sha256) from `folder`; returns the bytes uploaded."""
         total = 0
-        for entry in manifest["files"]:
+        for entry in entries:
             info = self.store.put_file(self.remote.key(step, entry["path"]), folder / entry["path"])
             # The store hashed what it sent: a local file changed since commit must not be committed remotely.
             if info.sha256 != entry["sha256"] or info.bytes != entry["bytes"]:
                 raise _corrupt(step, entry["path"], "changed on local disk since commit; not uploaded")
             total += info.bytes
+        return total
+
+    def _put_manifest(self, step: int, manifest_data: bytes) -> None:
+        """The remote commit: the manifest (after every file), then `latest`."""
         self.store.put_bytes(self.remote.key(step), manifest_data)
         self.store.put_bytes("/".join(p for p in (self.prefix, LATEST) if p), f"{step}\n".encode())
-        return total + len(manifest_data)
 
     def _retain(self) -> None:
         try:
