@@ -133,8 +133,9 @@ def check_stage(where: str, settings: dict) -> RunConfig:
     if "train_tokens" not in settings:
         raise ValueError(f"{where}.train_tokens: required")
     try:
-        # A placeholder data section: the real one (packed shards of the chosen mixture) comes at run time.
-        return from_dict(RunConfig, {**settings, "data": {"shards": {"_": "_"}}, "output_dir": "_"})
+        # Placeholder data and remote: the packed shards of the chosen mixture and the store come at run time.
+        checkpoint = {"remote": "_", **settings.get("checkpoint", {})}
+        return from_dict(RunConfig, {**settings, "data": {"shards": {"_": "_"}}, "output_dir": "_", "checkpoint": checkpoint})
     except ValueError as exc:
         raise ValueError(f"{where}.{exc}") from None
 

@@ -114,8 +114,8 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, start_from: tuple[st
         run = {**run_settings, "stage": name, "output_dir": str(work / "out"),
                "data": {"shards": {k: str(v) for k, v in found.folders.items()}, "weights": inputs.manifest["weights"],
                         "min_doc_tokens": min_doc_tokens},
-               "checkpoint": {**run_settings.get("checkpoint", {}), "remote": inputs.resources.store.url,
-                              "run_name": vkey, "local_dir": str(work / "checkpoints")},
+               "checkpoint": checkpoint_section(run_settings.get("checkpoint", {}), remote=inputs.resources.store.url,
+                                                run_name=vkey, stage=name, default_dir=work / "checkpoints"),
                "tokenizer_sha256": found.tokenizer_sha256, "lineage": inputs.manifest["lineage"],
                **inputs.extra["begin"]}
         if run_settings.get("metrics", {}).get("downstream_interval"):
@@ -206,6 +206,16 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, start_from: tuple[st
         asset_args={"config_schema": launchpad, "retry_policy": RetryPolicy(max_retries=2, delay=5, backoff=Backoff.LINEAR),
                     "metadata": {"launch": MetadataValue.json(launch.overrides())}},  # over the launcher's defaults
     ))
+
+
+def checkpoint_section(checkpoint: dict, *, remote: str, run_name: str, stage: str, default_dir: Path) -> dict:
+    """A stage's run.json checkpoint section: the recipe's settings, the store as the remote, the version key as
+    the run's name, and the local folder: the stage's work folder (stable per version, so a retry finds it), or,
+    when the recipe names a local_dir (a node-local disk with checkpoint.shared_local_dir false, `$VARS` expanded
+    on each node), <local_dir>/<stage>/<version key> under it."""
+    local = checkpoint.get("local_dir")
+    local = f"{local.rstrip('/')}/{stage}/{run_name}" if local else str(default_dir)
+    return {**checkpoint, "remote": remote, "run_name": run_name, "local_dir": local}
 
 
 def _with_overrides(name: str, settings: dict, chosen: dict) -> tuple[dict, dict]:

@@ -170,3 +170,25 @@ def test_the_run_configs_continue_main_in_long_512_and_anneal(monkeypatch, tmp_p
     assert len({(r["asset"], r["data_version"]) for r in run["lineage"]}) == len(run["lineage"])
     assert anneal_manifest["checkpoint"]["prefix"].startswith("checkpoints/anneal/")
     instance.dispose()
+
+
+def test_a_stage_can_keep_its_checkpoints_on_node_local_disks(tmp_path):
+    """checkpoint.shared_local_dir false in a recipe stage: it validates (the store is its remote at run time), and
+    the run.json puts the checkpoints under the recipe's local_dir (node-local, $VARS expanded on each node) per stage
+    and version; without a local_dir they stay in the stage's work folder."""
+    from assets.stages import check_stage
+    from tests.assets.test_recipe import write_recipe
+
+    def node_local(raw):
+        raw["training"]["main"]["checkpoint"] = {**raw["training"]["main"].get("checkpoint", {}),
+                                                 "shared_local_dir": False, "local_dir": "/scratch/$SLURM_JOB_ID/ckpt"}
+
+    load_recipe(write_recipe(tmp_path, node_local))  # raises naming the field if a stage cannot ask for it
+    assert check_stage("training.main", {"train_tokens": 1000, "checkpoint": {"shared_local_dir": False}})
+    section = stage.checkpoint_section({"shared_local_dir": False, "local_dir": "/scratch/$SLURM_JOB_ID/ckpt/",
+                                        "keep_last": 2}, remote="s3://bucket/store", run_name="v1", stage="main",
+                                       default_dir=Path("/work/main/v1/checkpoints"))
+    assert section == {"shared_local_dir": False, "keep_last": 2, "remote": "s3://bucket/store", "run_name": "v1",
+                       "local_dir": "/scratch/$SLURM_JOB_ID/ckpt/main/v1"}
+    assert stage.checkpoint_section({}, remote="s3://b", run_name="v1", stage="main",
+                                    default_dir=Path("/w/v1/checkpoints"))["local_dir"] == "/w/v1/checkpoints"
