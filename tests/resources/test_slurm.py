@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 import torch
@@ -200,6 +201,23 @@ materialize([tiny_run], instance=DagsterInstance.ephemeral(), resources={"launch
 """
 
 
+def _start_run_worker(launcher: LauncherResource, config: dict, work, slurm) -> subprocess.Popen:
+    """The Dagster run in a process (and process group) of its own, returned once its trainer reports step 3."""
+    worker = subprocess.Popen([sys.executable, "-c", RUN_WORKER, json.dumps(config), str(work),
+                               launcher.model_dump_json()], cwd=REPO, env={**os.environ, **slurm.env},
+                              start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    try:
+        while not [r for r in _train_steps(Path(config["output_dir"])) if r["step"] >= 3]:
+            assert worker.poll() is None, "the run worker ended before step 3"
+            assert time.monotonic() < deadline, "no step 3 within 240 s"
+            time.sleep(0.05)
+    except BaseException:
+        os.killpg(worker.pid, signal.SIGKILL)
+        raise
+    return worker
+
+
 def _train_steps(output_dir) -> list[dict]:
     path = output_dir / "metrics.jsonl"
     lines = path.read_text().splitlines() if path.exists() else []
@@ -225,18 +243,9 @@ def test_a_killed_run_worker_leaves_the_slurm_job_training_and_the_next_run_foll
     config = run_dict(tmp_path / "out", train_tokens=24 * 8 * 64, checkpoint={"interval_steps": 8},
                       metrics={"log_interval": 1, "eval_batches": 0, "tensorboard": False})
     work = tmp_path / "work"
-    worker = subprocess.Popen([sys.executable, "-c", RUN_WORKER, json.dumps(config), str(work),
-                               launcher.model_dump_json()], cwd=REPO, env={**os.environ, **slurm.env},
-                              start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 240
-        while not [r for r in _train_steps(tmp_path / "out") if r["step"] >= 3]:
-            assert worker.poll() is None, "the run worker ended before it could be killed"
-            assert time.monotonic() < deadline, "no step 3 within 240 s"
-            time.sleep(0.05)
-    finally:
-        os.killpg(worker.pid, signal.SIGKILL)  # the worker and its process group: the job is Slurm's, not theirs
-        worker.wait()
+    worker = _start_run_worker(launcher, config, work, slurm)
+    os.killpg(worker.pid, signal.SIGKILL)  # the worker and its process group: the job is Slurm's, not theirs
+    worker.wait()
     job = read_job(work)
     [submitted] = [j for j in slurm.jobs() if j.get("JobName") == job_name]
     assert job.slurm_job_id == submitted["JobId"] and submitted["JobState"] == "RUNNING", submitted
@@ -337,14 +346,8 @@ def test_stopping_the_dagster_run_checkpoints_and_stops_the_job_leaving_nothing_
     config = run_dict(tmp_path / "out", train_tokens=40 * 8 * 64, deepspeed={"zero_stage": 1},
                       metrics={"log_interval": 1, "eval_batches": 0, "tensorboard": False})
     work = tmp_path / "work"
-    worker = subprocess.Popen([sys.executable, "-c", RUN_WORKER, json.dumps(config), str(work),
-                               launcher.model_dump_json()], cwd=REPO, env={**os.environ, **slurm.env},
-                              start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = _start_run_worker(launcher, config, work, slurm)
     try:
-        deadline = time.monotonic() + 240
-        while not [r for r in _train_steps(tmp_path / "out") if r["step"] >= 3]:
-            assert worker.poll() is None and time.monotonic() < deadline, "no step 3 in time"
-            time.sleep(0.05)
         worker.send_signal(signal.SIGINT)  # the run worker alone: the job is not in its process group
         worker.wait(timeout=120)
     finally:
