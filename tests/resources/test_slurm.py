@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -247,13 +248,29 @@ def test_a_killed_run_worker_leaves_the_slurm_job_training_and_the_next_run_foll
     os.killpg(worker.pid, signal.SIGKILL)  # the worker and its process group: the job is Slurm's, not theirs
     worker.wait()
     job = read_job(work)
+    running = set(_trainer_processes(work / "run.json"))
+    assert len(running) == 4, running  # one job trains on: each node's torchrun and its rank
     [submitted] = [j for j in slurm.jobs() if j.get("JobName") == job_name]
     assert job.slurm_job_id == submitted["JobId"] and submitted["JobState"] == "RUNNING", submitted
     assert job.alive() and job.host == socket.gethostname()  # the wrapper runs as the batch script, on this host
     step_when_killed = _train_steps(tmp_path / "out")[-1]["step"]
     assert step_when_killed < 24
 
-    outcome, instance, result = _train(launcher, tmp_path, config)  # the same work dir: it follows the job
+    seen, following = set(), threading.Event()
+
+    def watch():  # the process table while the next run follows: any trainer process not already running is a second
+        while not following.is_set():
+            seen.update(_trainer_processes(work / "run.json"))
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        outcome, instance, result = _train(launcher, tmp_path, config)  # the same work dir: it follows the job
+    finally:
+        following.set()
+        watcher.join()
+    assert seen and seen <= running, (seen, running)  # the same processes trained on: no second trainer started
     assert outcome.success
     logs = [e.user_message for e in instance.all_logs(outcome.run_id)]
     assert any("still running" in m and f"Slurm job {job.slurm_job_id}" in m for m in logs), logs
