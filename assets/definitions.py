@@ -20,7 +20,7 @@ from assets.home import pretrain_home, store_url
 from assets.mixing import mixing_assets, mixing_schedules, mixing_sensors
 from assets.recipe import Recipe, load_recipe
 from assets.tokenization import tokenization_assets
-from assets.training import training_assets
+from assets.training import follow_sensors, training_assets
 from resources.executor import ExecutorResource
 from resources.launcher import LauncherResource
 from resources.scratch import ScratchResource
@@ -56,7 +56,7 @@ def build_defs(recipe: Recipe) -> Definitions:
     assets += training_assets(recipe)
     assets += evaluation_assets(recipe)
     return Definitions(assets=assets, schedules=[*mixing_schedules(recipe), observe_inputs_schedule(recipe)],
-                       sensors=mixing_sensors(recipe), resources=build_resources())
+                       sensors=[*mixing_sensors(recipe), *follow_sensors()], resources=build_resources())
 
 
 OBSERVE_INPUTS = "observe_inputs"

@@ -306,7 +306,9 @@ class LauncherResource(ConfigurableResource):
                        if self.launcher == "slurm" else start_job(command, **start))
                 context.log.info(f"started the training {job.describe()}; its output: {job.log}")
             # Which job this run follows, in the run's tags: found from the UI, and by whoever looks for the job.
-            context.instance.add_run_tags(context.run.run_id, {JOB_TAG: job.name, f"{JOB_TAG}_work": str(work)})
+            context.instance.add_run_tags(context.run.run_id, {
+                JOB_TAG: job.name, f"{JOB_TAG}_work": str(work),
+                f"{JOB_TAG}_assets": ",".join(sorted(k.to_user_string() for k in context.selected_asset_keys))})
             status = _follow(context, job, work, tail)
         records = _records_since(metrics, job.metrics_offset)
         if status != 0 and self.launcher in ("torchrun", "slurm"):

@@ -66,7 +66,7 @@ def test_a_training_asset_streams_the_trainers_progress_into_dagster(tmp_path, m
     job = read_job(tmp_path / "work")
     tags = instance.get_run_by_id(outcome.run_id).tags
     assert tags["pretrain/job"] == f"{job.host}:{job.pid}:{job.started_ticks}" == job.name
-    assert tags["pretrain/job_work"] == str(tmp_path / "work")
+    assert tags["pretrain/job_work"] == str(tmp_path / "work") and tags["pretrain/job_assets"] == "tiny_run"
 
 
 def test_a_failing_trainer_fails_the_asset_with_its_error(tmp_path):
