@@ -21,7 +21,7 @@ from assets.curation.checks import benchmark_check, benchmark_check_spec, docume
 from assets.curation.deduplicated import deduplicated_key
 from assets.plots import bar_chart
 from assets.recipe import Recipe, SourceConfig
-from pipelines.decontam import BenchmarkIndex, DecontamConfig
+from pipelines.decontam import INDEX_FORMAT, BenchmarkIndex, DecontamConfig
 from pipelines.decontam_steps import DecontamShards, decontam_counts, written_files
 from pipelines.readers import expand_inputs
 from storage.manifest import data_version_of
@@ -117,7 +117,8 @@ def _cached_index(scratch, files: list[Path], settings: DecontamConfig, log) -> 
     source's asset reuses one copy, and the scan's tasks load it from the file."""
     ngram, min_letter_words = settings.ngram, settings.min_letter_words
     digest = section_sha256(
-        {"files": [str(p) for p in files], "fingerprints": file_fingerprints(files), "ngram": ngram, "min_letter_words": min_letter_words}
+        {"files": [str(p) for p in files], "fingerprints": file_fingerprints(files), "ngram": ngram,
+         "min_letter_words": min_letter_words, "format": INDEX_FORMAT}
     )
     path = Path(scratch.root) / "decontam-index" / f"{digest[:16]}.npz"
     if path.is_file():

@@ -4,6 +4,7 @@ import gzip
 import json
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 
@@ -135,6 +136,26 @@ def test_the_index_round_trips_and_counts_short_items(tmp_path, index):
     assert again.names == index.names and (again.hashes == index.hashes).all() and again.ngram == 13
     mmlu = BenchmarkIndex.build([BENCH / "mmlu_dev.jsonl.gz"], 13)
     assert mmlu.short_items["mmlu_dev"] > 0  # a one-line question with a one-word answer has no 13-gram
+
+
+def test_the_prefilter_finds_exactly_what_a_set_of_the_index_finds(tmp_path, index, pages):
+    """matches() looks hashes up only where the prefilter's bit is set: on real pages, with benchmark text planted,
+    and on n-grams whose top bits collide with benchmark ones but whose hash is not in it, it finds what plain set
+    membership finds, with the owners that set says. Saved and loaded, the prefilter is the same."""
+    hasher, owners_of = WordHasher(), {}
+    for h, o in zip(index.hashes.tolist(), index.owners.tolist()):
+        owners_of.setdefault(h, set()).add(index.names[o])
+    gsm8k = first_record(BENCH / "gsm8k_test.jsonl")["question"]
+    texts = [p["text"] for p in pages[:40]] + [planted(pages[0], gsm8k, "x")["text"]]
+    decoys = (index.hashes[:500] ^ np.uint64(1)).astype(np.uint64)  # same top bits, other hashes (almost all absent)
+    for grams in [ngram_hashes(hasher(normalized_words(t)), 13) for t in texts] + [decoys, index.hashes[-50:]]:
+        positions, names = index.matches(grams)
+        expected = [i for i, h in enumerate(grams.tolist()) if h in owners_of]
+        assert positions.tolist() == expected
+        assert names == set().union(*(owners_of[grams[i]] for i in expected)) if expected else names == set()
+    assert index.matches(ngram_hashes(hasher(normalized_words(texts[-1])), 13))[1] == {"gsm8k_test"}
+    index.save(tmp_path / "index.npz")
+    assert (BenchmarkIndex.load(tmp_path / "index.npz").prefilter == index.prefilter).all()
 
 
 def test_runs_of_numbers_are_not_contamination_but_math_problems_are():
