@@ -27,7 +27,8 @@ whichever is larger. A stage whose 1-worker run took under REPEAT_BELOW_S is mea
 way, 1 and 2 workers alternating (its committed output removed from the store before each further run, so it
 is built again), and the fastest run of each counts, as timeit does: on a shared 2-core machine the same ~1 s
 stage varied by +-30% from one run to the next (measured: decontamination 1.44 / 1.83 s with 1 worker, 0.79 /
-1.05 s with 2). Peak RSS is the largest of the runs. The tokenizer trains in the tokenize+pack call (its peak RSS is that call's), but its run is
+1.05 s with 2; dedup at 1x with 2 workers 0.56 / 0.70 / 0.81 s, on a machine with nothing else running, while the
+engine alone, timed in one process, did 0.49-0.52 s every time), so the default is 5 runs each way. Peak RSS is the largest of the runs. The tokenizer trains in the tokenize+pack call (its peak RSS is that call's), but its run is
 timed apart and shown, not counted: it trains on a bounded sample, in one process, whatever the corpus or the
 workers. Threads are pinned to 1 per process (OMP, Rayon, tokenizers), so 1 worker means one core.
 
@@ -311,13 +312,13 @@ def main() -> None:
     parser.add_argument("--quick", "--smoke", dest="quick", action="store_true",
                         help=f"{QUICK_PAGES} pages per copy: the bench runs, its figures mean nothing")
     parser.add_argument("--repeats", type=int, default=None,
-                        help=f"runs each way of a stage under {REPEAT_BELOW_S:.0f} s; the fastest counts (default 3, "
+                        help=f"runs each way of a stage under {REPEAT_BELOW_S:.0f} s; the fastest counts (default 5, "
                              "1 with --quick)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (homes, corpora, logs)")
     args = parser.parse_args()
     scales = [int(s) for s in args.scales.split(",")]
     if args.repeats is None:
-        args.repeats = 1 if args.quick else 3
+        args.repeats = 1 if args.quick else 5
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats}: 1 or more")
 
