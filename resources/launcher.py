@@ -15,8 +15,8 @@ more than one node): a node named by the silent-data-corruption check, by a stra
 excluded (`sbatch --exclude`, a hostfile without it) and the job restarts on the rest at the same global batch;
 every exclusion is in the restart's record (`excluded`, `why`) and in job.json for `pretrain jobs`. The status
 comes from the trainer's <output_dir>/failure.json when it wrote one (moved aside to failure-<attempt>.json), else
-from torchrun's failure report (torchrun itself exits 1), else the process's own. A stage may override these fields for its launch (`launch(..., settings=)`, a recipe
-stage's `launch:` in assets/stages.py).
+from torchrun's failure report (torchrun itself exits 1), else the process's own. A stage may override these
+fields for its launch (`launch(..., settings=)`, a recipe stage's `launch:` in assets/stages.py).
 
 The job outlives the Dagster run that started it (trainer/job.py): the local launchers (python, torchrun,
 deepspeed) start the command detached, in a session of its own with its output in <work>/job-<attempt>.log, and
@@ -167,9 +167,9 @@ class LauncherResource(ConfigurableResource):
         records: list[dict] = []
         restarts: list[dict] = []
         attempts: list[str] = []
-        launcher, hangs = self._with_earlier_exclusions(work), {}  # hangs: node -> how many hangs named it
+        earlier = read_job(work)  # an earlier launch of this run: its exclusions and restarts carry over
+        launcher, hangs = self._with_earlier_exclusions(earlier, work), {}  # hangs: node -> how many hangs named it
         command = launcher.command(run_json)
-        earlier = read_job(work)  # the restarts of earlier launches of this run stay in its job's record
         history = list(earlier.extra.get("restarts", [])) if earlier is not None else []
         while True:
             attempt = len(attempts) + 1
@@ -251,10 +251,9 @@ class LauncherResource(ConfigurableResource):
         """The nodes this launch leaves out."""
         return list(self.slurm.exclude) if self.launcher == "slurm" else _hostfile_excluded(self.hostfile)
 
-    def _with_earlier_exclusions(self, work: Path) -> LauncherResource:
-        """On Slurm, the nodes an earlier launch in this work dir left out stay out (a Dagster restart must not put
-        the job back on a node that corrupted its data)."""
-        earlier = read_job(work)
+    def _with_earlier_exclusions(self, earlier: Job | None, work: Path) -> LauncherResource:
+        """On Slurm, the nodes an earlier launch in this work dir (its job, `earlier`) left out stay out (a Dagster
+        restart must not put the job back on a node that corrupted its data)."""
         if self.launcher != "slurm" or earlier is None:
             return self
         launcher = self

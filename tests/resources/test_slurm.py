@@ -202,6 +202,15 @@ materialize([tiny_run], instance=DagsterInstance.ephemeral(), resources={"launch
 """
 
 
+def _slowed_launcher(slurm, kind: str, job_name: str) -> LauncherResource:
+    """2 ranks, each step slowed by 0.25 s (so a run is caught mid-training): on the 2 Slurm nodes, or under a local
+    torchrun."""
+    return LauncherResource(launcher=kind, nnodes=2 if kind == "slurm" else 1, nproc_per_node=1 if kind == "slurm" else 2,
+                            env={**ENV, **fault_env("slow:seconds=0.25")},
+                            slurm=SlurmConfig(partition=slurm.partition, time="00:10:00", cpus_per_task=1,
+                                              job_name=job_name, rdzv_port=free_port()))
+
+
 def _start_run_worker(launcher: LauncherResource, config: dict, work, slurm) -> subprocess.Popen:
     """The Dagster run in a process (and process group) of its own, returned once its trainer reports step 3."""
     worker = subprocess.Popen([sys.executable, "-c", RUN_WORKER, json.dumps(config), str(work),
@@ -238,9 +247,7 @@ def test_a_killed_run_worker_leaves_the_slurm_job_training_and_the_next_run_foll
     the next materialization follows that job by its Slurm job id instead of submitting a second one, every step
     is trained once, and the final checkpoint is bit for bit the one an uninterrupted run writes."""
     job_name = f"pretrain-follow-{uuid.uuid4().hex[:8]}"
-    launcher = LauncherResource(launcher="slurm", nnodes=2, nproc_per_node=1, env={**ENV, **fault_env("slow:seconds=0.25")},
-                                slurm=SlurmConfig(partition=slurm.partition, time="00:10:00", cpus_per_task=1,
-                                                  job_name=job_name, rdzv_port=free_port()))
+    launcher = _slowed_launcher(slurm, "slurm", job_name)
     config = run_dict(tmp_path / "out", train_tokens=24 * 8 * 64, checkpoint={"interval_steps": 8},
                       metrics={"log_interval": 1, "eval_batches": 0, "tensorboard": False})
     work = tmp_path / "work"
@@ -356,10 +363,7 @@ def test_stopping_the_dagster_run_checkpoints_and_stops_the_job_leaving_nothing_
     (scancel --signal=INT to the Slurm step; SIGINT to the local job's wrapper); the ranks checkpoint after the step
     they agree on and exit; no trainer process and no Slurm job is left."""
     job_name = f"pretrain-stop-{uuid.uuid4().hex[:8]}"
-    launcher = LauncherResource(launcher=kind, nnodes=2 if kind == "slurm" else 1, nproc_per_node=1 if kind == "slurm" else 2,
-                                env={**ENV, **fault_env("slow:seconds=0.25")},
-                                slurm=SlurmConfig(partition=slurm.partition, time="00:10:00", cpus_per_task=1,
-                                                  job_name=job_name, rdzv_port=free_port()))
+    launcher = _slowed_launcher(slurm, kind, job_name)
     config = run_dict(tmp_path / "out", train_tokens=40 * 8 * 64, deepspeed={"zero_stage": 1},
                       metrics={"log_interval": 1, "eval_batches": 0, "tensorboard": False})
     work = tmp_path / "work"
