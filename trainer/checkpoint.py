@@ -148,6 +148,22 @@ def seed_rng(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def check_layout(point: ResumePoint, cfg: RunConfig, world_size: int) -> None:
+    """A split model's DeepSpeed files (a pipeline's per stage, a tensor-parallel group's per shard) load into
+    the same split on the same number of ranks only: no universal conversion of them is built. ResumeRefused
+    else, naming both layouts."""
+    saved = point.manifest.get("config", {}).get("parallel", {})
+    layout = lambda parallel: {name: parallel.get(name, 1) for name in ("pipeline", "tensor")}
+    before, now = layout(saved), layout(cfg.parallel.model_dump())
+    if before == now and (set(now.values()) == {1} or point.manifest["world_size"] == world_size):
+        return
+    said = lambda split: ", ".join(f"parallel.{name} = {size}" for name, size in split.items())
+    raise ResumeRefused(
+        f"checkpoint {point.path} was written with {said(before)} on {point.manifest['world_size']} ranks; this "
+        f"run has {said(now)} on {world_size}: a pipeline or tensor-parallel checkpoint resumes only with "
+        f"the same parallel settings and number of ranks")
+
+
 class Checkpointer:
     """One config (CheckpointConfig); the folders and this process's rank come from the run."""
 

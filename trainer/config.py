@@ -172,16 +172,15 @@ class BatchConfig(_Config):
             if self.ramp_tokens < 0:
                 raise ValueError(f"batch.ramp_tokens must be >= 0, got {self.ramp_tokens}")
 
-    def check_world(self, world_size: int, pipeline: int = 1) -> None:
+    def check_world(self, world_size: int, pipeline: int = 1, tensor: int = 1) -> None:
         """Every batch the run will use must split into whole micro-batches on every data-parallel rank (the ranks
-        of a sequence-parallel group share theirs, and so do the stages of a pipeline: data-parallel size =
-        world / (pipeline × sequence_parallel))."""
-        if world_size % pipeline:
-            raise ValueError(f"parallel.pipeline ({pipeline}) must divide the world size ({world_size})")
-        if world_size % self.sequence_parallel:
-            raise ValueError(f"batch.sequence_parallel ({self.sequence_parallel}) must divide the world size "
-                             f"({world_size})")
-        world_size //= self.sequence_parallel * pipeline
+        of a sequence-parallel group share theirs, and so do the stages of a pipeline and the ranks of a
+        tensor-parallel group: data-parallel size = world / (pipeline × tensor × sequence_parallel))."""
+        for name, size in (("parallel.pipeline", pipeline), ("parallel.tensor", tensor),
+                           ("batch.sequence_parallel", self.sequence_parallel)):
+            if world_size % size:
+                raise ValueError(f"{name} ({size}) must divide the world size ({world_size})")
+        world_size //= self.sequence_parallel * pipeline * tensor
         unit = self.micro_batch * world_size
         smallest = self.ramp_start if self.ramp_start is not None else self.global_batch
         if smallest % unit:
@@ -192,6 +191,12 @@ class BatchConfig(_Config):
             )
 
 
+# Measured with DeepSpeed 0.19.8: 2 tensor-parallel ranks at bf16 ZeRO-0 report a pre-clip norm of 2.11 where the
+# whole model's is 2.49 (first step of tests/trainer/test_tensor_parallel.py's run), and clip by it; ZeRO-1 and 2
+# give the whole model's.
+TENSOR_BF16_ZERO0 = "DeepSpeed's bf16 ZeRO-0 optimizer does not count the tensor-parallel shards into its gradient norm"
+
+
 class ParallelConfig(_Config):
     """How the model is split over ranks beyond data parallelism (sequence parallelism is batch.sequence_parallel)."""
 
@@ -199,10 +204,15 @@ class ParallelConfig(_Config):
     # the model, the transformer blocks split evenly between them; the micro-batches of a step (global batch /
     # (micro_batch × data-parallel size)) flow through them. 1: no pipeline.
     pipeline: int = 1
+    # Tensor parallelism (trainer.tensor_parallel, DeepSpeed AutoTP): every `tensor` consecutive ranks (one node's
+    # GPUs: it all-reduces twice per block in forward and backward) split each block's projections, attention by
+    # heads and the MLP by its hidden units; they read the same samples. 1: none.
+    tensor: int = 1
 
     def _check(self) -> None:
-        if self.pipeline < 1:
-            raise ValueError(f"parallel.pipeline must be >= 1, got {self.pipeline}")
+        for name in ("pipeline", "tensor"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"parallel.{name} must be >= 1, got {getattr(self, name)}")
 
 
 class DeepSpeedConfig(_Config):
@@ -446,6 +456,8 @@ class RunConfig(_Config):
             raise ValueError("init_from and continue_from: give one (weights only, or the whole run's state)")
         if self.parallel.pipeline > 1:
             self._check_pipeline()
+        if self.parallel.tensor > 1:
+            self._check_tensor()
 
     def _check_pipeline(self) -> None:
         """What the pipeline path (trainer.pipeline) does not do, refused by name rather than run wrongly."""
@@ -466,29 +478,70 @@ class RunConfig(_Config):
             (self.batch.ramp_start is not None, "batch.ramp_start: a batch-size ramp cannot be combined with "
                                                 "parallel.pipeline > 1 (DeepSpeed's pipeline fixes its micro-batch "
                                                 "count when built)"),
-            # These compare or probe every rank's own loss, gradients and activations as if each held the whole
-            # model; a pipeline stage holds a part of it. On by default, they are turned off for a pipeline
-            # (pipeline_off, logged at start); asked for in the config, refused.
-            ("enabled" in self.sdc.model_fields_set and self.sdc.enabled,
-             "sdc.enabled must be false with parallel.pipeline > 1 (the per-rank loss and gradient-norm comparison "
-             "assumes every rank holds the whole model)"),
-            ("enabled" in self.straggler.model_fields_set and self.straggler.enabled,
-             "straggler.enabled must be false with parallel.pipeline > 1 (stages do different work, so their step "
-             "times are not comparable)"),
-            ("interval" in self.health.model_fields_set and self.health.interval != 0,
-             "health.interval must be 0 with parallel.pipeline > 1 (per-layer health figures are not gathered "
-             "over stages)"),
-            (self.metrics.downstream_interval != 0, "metrics.downstream_interval must be 0 with "
-                                                    "parallel.pipeline > 1 (zero-shot scoring needs the whole model)"),
         ]
-        for bad, message in refused:
+        for bad, message in refused + self._split_refusals("parallel.pipeline", "a pipeline stage"):
             if bad:
                 raise ValueError(message)
 
-    def pipeline_off(self) -> tuple["RunConfig", list[str]]:
-        """This config with the per-rank checks a pipeline cannot run turned off (RunConfig._check_pipeline), and
-        the fields turned off; unchanged without a pipeline."""
-        if self.parallel.pipeline == 1:
+    def _check_tensor(self) -> None:
+        """What the tensor-parallel path (trainer.tensor_parallel) does not do, refused by name."""
+        T, m = self.parallel.tensor, self.model
+        refused = [
+            (m.n_heads % T, f"model.n_heads ({m.n_heads}) must be divisible by parallel.tensor ({T}): each rank "
+                            "computes whole attention heads"),
+            (m.kv_heads % T, f"model.n_kv_heads ({m.kv_heads}) must be divisible by parallel.tensor ({T}): each "
+                             "rank holds whole key/value heads"),
+            (m.ff_dim % T, f"model.d_ff ({m.ff_dim}) must be divisible by parallel.tensor ({T})"),
+            (self.parallel.pipeline > 1, "parallel.tensor > 1 cannot be combined with parallel.pipeline > 1 "
+                                         "(AutoTP inside pipeline stages is not built)"),
+            (self.batch.sequence_parallel > 1, "batch.sequence_parallel > 1 cannot be combined with parallel.tensor "
+                                               "> 1 (Ulysses over tensor-parallel heads is not built)"),
+            (self.deepspeed.zero_stage == 3, "deepspeed.zero_stage must be 0, 1 or 2 with parallel.tensor > 1 "
+                                             "(AutoTP under ZeRO-3 is not tested here)"),
+            (self.deepspeed.bf16 is True and self.deepspeed.zero_stage == 0,
+             "deepspeed.bf16 true with parallel.tensor > 1 needs deepspeed.zero_stage 1 or 2 (" + TENSOR_BF16_ZERO0
+             + ")"),
+        ]
+        for bad, message in refused + self._split_refusals("parallel.tensor", "a tensor-parallel rank"):
+            if bad:
+                raise ValueError(message)
+
+    def _split_refusals(self, field: str, part: str) -> list[tuple[bool, str]]:
+        """The per-rank checks that assume every rank holds the whole model. On by default, they are turned off
+        where a rank holds `part` of it (checks_off, logged at start); asked for in the config, refused."""
+        return [
+            ("enabled" in self.sdc.model_fields_set and self.sdc.enabled,
+             f"sdc.enabled must be false with {field} > 1 (the per-rank loss and gradient-norm comparison "
+             "assumes every rank holds the whole model)"),
+            ("enabled" in self.straggler.model_fields_set and self.straggler.enabled,
+             f"straggler.enabled must be false with {field} > 1 (the ranks of {part}'s group wait on each other "
+             "inside every step, so their step times do not single a slow rank out)"),
+            ("interval" in self.health.model_fields_set and self.health.interval != 0,
+             f"health.interval must be 0 with {field} > 1 (per-layer health figures are not gathered over "
+             "the parts of the model)"),
+            (self.metrics.downstream_interval != 0, f"metrics.downstream_interval must be 0 with {field} > 1 "
+                                                    "(zero-shot scoring needs the whole model)"),
+        ]
+
+    @property
+    def fp32_only(self) -> str | None:
+        """Why this layout trains in fp32 whatever the hardware does (deepspeed.bf16 "auto" resolves to false), or
+        None. bf16 true is refused for it (_check_pipeline, _check_tensor)."""
+        if self.parallel.pipeline > 1:
+            return "parallel.pipeline > 1 trains in fp32"
+        if self.parallel.tensor > 1 and self.deepspeed.zero_stage == 0:
+            return f"parallel.tensor > 1 under ZeRO-0 trains in fp32: {TENSOR_BF16_ZERO0}"
+        return None
+
+    @property
+    def model_split(self) -> str | None:
+        """The field that splits the model over ranks (each holds a part of it), or None."""
+        return next((f"parallel.{name}" for name in ("pipeline", "tensor") if getattr(self.parallel, name) > 1), None)
+
+    def checks_off(self) -> tuple["RunConfig", list[str]]:
+        """This config with the per-rank checks a split model cannot run turned off (RunConfig._split_refusals),
+        and the fields turned off; unchanged where every rank holds the whole model."""
+        if self.model_split is None:
             return self, []
         off = {"sdc": {"enabled": False}, "straggler": {"enabled": False}, "health": {"interval": 0}}
         changed = [f"{section}.{field}" for section, fields in off.items() for field, value in fields.items()

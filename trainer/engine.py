@@ -22,6 +22,7 @@ import torch.distributed as torch_dist
 
 from trainer.config import RunConfig
 from trainer.optim import GatedAdamW, build_optimizer
+from trainer.tensor_parallel import is_sharded, tensor_parallel_config
 
 
 @dataclass(frozen=True)
@@ -62,21 +63,23 @@ def init_distributed(*, timeout_s: float | None = None) -> Dist:
 
 
 def deepspeed_config(cfg: RunConfig, world_size: int, *, load_universal: bool = False) -> dict:
-    b, P = cfg.batch, cfg.parallel.pipeline
-    b.check_world(world_size, P)
+    b, P, T = cfg.batch, cfg.parallel.pipeline, cfg.parallel.tensor
+    b.check_world(world_size, P, T)
     assert isinstance(cfg.deepspeed.bf16, bool), "resolve deepspeed.bf16 first (trainer.precision)"
     own_clip = _gate_clips(cfg)
-    # DeepSpeed counts every rank as data-parallel, the ranks of a sequence-parallel group too (they average
-    # their gradients like any others): its batch counts each sequence once per rank of a group.
+    # DeepSpeed counts every rank as data-parallel, the ranks of a sequence-parallel or tensor-parallel group too
+    # (they reduce their gradients like any others): its batch counts each sequence once per rank of a group.
+    copies = b.sequence_parallel * T
     config = {
-        "train_batch_size": b.global_batch * b.sequence_parallel,
+        "train_batch_size": b.global_batch * copies,
         "train_micro_batch_size_per_gpu": b.micro_batch,
         # The stages of a pipeline share their micro-batches: its m micro-batches are the accumulation steps.
-        "gradient_accumulation_steps": b.global_batch * b.sequence_parallel * P // (b.micro_batch * world_size),
+        "gradient_accumulation_steps": b.global_batch * copies * P // (b.micro_batch * world_size),
         "gradient_clipping": 0.0 if own_clip else cfg.optim.grad_clip,
         "bf16": {"enabled": cfg.deepspeed.bf16},
         "zero_optimization": {"stage": cfg.deepspeed.zero_stage},
         **_fp32_gradients(cfg),
+        **({"tensor_parallel": tensor_parallel_config(T)} if T > 1 else {}),
         "zero_allow_untested_optimizer": True,  # our client optimizer is torch's AdamW
         "steps_per_print": 2**62,
         "wall_clock_breakdown": False,
@@ -108,34 +111,40 @@ def _gate_clips(cfg: RunConfig) -> bool:
 class PreClipNorm:
     """The pre-clip global grad norm of the step being taken, wherever DeepSpeed keeps it."""
 
-    def __init__(self, engine, optimizer: GatedAdamW, clip: float, self_clip: bool, stages=None):
+    def __init__(self, engine, optimizer: GatedAdamW, clip: float, self_clip: bool, split=None, sharded=None):
         self.engine, self.optimizer, self.clip, self.self_clip = engine, optimizer, clip, self_clip
-        self.stages = stages  # a pipeline's process group: each stage holds a part of the gradients
+        # A split model's process group (a pipeline's stages, a tensor-parallel group), whose ranks each hold a part
+        # of the gradients: `sharded(p)` says whether p is such a part (else every rank of the group has all of it).
+        self.split, self.sharded = split, sharded
 
     def __call__(self) -> float:
-        if self.stages is not None:
-            return self._clip_over_stages()
+        if self.split is not None and self.self_clip:
+            return self._clip_over_split()
         if self.self_clip:
             # Gradients here are full and already averaged over ranks (ZeRO-0 all-reduces at the boundary).
             params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
             max_norm = self.clip if self.clip > 0 else float("inf")
             return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        # ZeRO 1-3 and the bf16 optimizer store it before calling the client optimizer.
+        # ZeRO 1-3 and the bf16 optimizer store it before calling the client optimizer (counting each tensor-parallel
+        # shard once: DeepSpeed knows AutoTP's parameters).
         norm = self.engine.optimizer._global_grad_norm
         return float(norm)
 
-    def _clip_over_stages(self) -> float:
-        """The global norm of a pipeline's gradients (each stage's sum of squares, summed over the stages) and
-        the clip by it. DeepSpeed 0.19.8's own clip (runtime.utils.clip_grad_norm_ with the pipeline's grid) counts
-        only the gradients of the stage whose model-parallel rank is 0, so it would clip by the first stage's norm."""
-        grads = [p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
-        squares = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum()
-        torch_dist.all_reduce(squares, group=self.stages)
-        norm = squares.sqrt()
+    def _clip_over_split(self) -> float:
+        """The global norm of a split model's gradients (the parts' sums of squares summed over the group, what every
+        rank holds whole counted once) and the clip by it. DeepSpeed 0.19.8's own clip (runtime.utils.clip_grad_norm_
+        with the pipeline's grid) counts only the gradients of the stage whose model-parallel rank is 0, so it would
+        clip a pipeline by the first stage's norm."""
+        params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        square = lambda ps: sum((p.grad.detach().float().pow(2).sum() for p in ps),
+                                torch.zeros((), device=params[0].grad.device))
+        parts = square([p for p in params if self.sharded(p)])
+        torch_dist.all_reduce(parts, group=self.split)
+        norm = (parts + square([p for p in params if not self.sharded(p)])).sqrt()
         if self.clip > 0:
             coef = torch.clamp(self.clip / (norm + 1e-6), max=1.0)  # torch's clip_grad_norm_ rule
-            for g in grads:
-                g.mul_(coef)
+            for p in params:
+                p.grad.mul_(coef)
         return float(norm)
 
 
@@ -145,8 +154,14 @@ def build_engine(model: torch.nn.Module, cfg: RunConfig, dist: Dist, *, load_uni
     optimizer = build_optimizer(model, cfg.optim)  # a pipeline stage: only its own layers' parameters
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
                                            config=deepspeed_config(cfg, dist.world_size, load_universal=load_universal))
-    stages = engine.grid.get_pipe_parallel_group() if cfg.parallel.pipeline > 1 else None
-    norm = PreClipNorm(engine, optimizer, cfg.optim.grad_clip, _gate_clips(cfg), stages=stages)
+    split = sharded = None
+    if cfg.parallel.pipeline > 1:  # every parameter belongs to one stage
+        split, sharded = engine.grid.get_pipe_parallel_group(), lambda p: True
+    elif cfg.parallel.tensor > 1:  # AutoTP's shards; the norms, embedding and head are whole on every rank
+        from deepspeed.utils import groups
+
+        split, sharded = groups.get_tensor_model_parallel_group(), is_sharded
+    norm = PreClipNorm(engine, optimizer, cfg.optim.grad_clip, _gate_clips(cfg), split=split, sharded=sharded)
     return engine, optimizer, norm
 
 

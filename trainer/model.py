@@ -102,9 +102,10 @@ class Attention(nn.Module):
         whole sequence under sequence parallelism `sp`, where x holds this rank's T/k positions)."""
         B, T, _ = x.shape
         hd = self.cfg.head_dim
-        q = self.wq(x).view(B, T, self.cfg.n_heads, hd).transpose(1, 2)  # (B, H, T, hd)
-        k = self.wk(x).view(B, T, self.cfg.kv_heads, hd).transpose(1, 2)  # (B, KV, T, hd)
-        v = self.wv(x).view(B, T, self.cfg.kv_heads, hd).transpose(1, 2)
+        # -1: the heads this rank holds (all of them; H/T and KV/T of them under tensor parallelism)
+        q = self.wq(x).view(B, T, -1, hd).transpose(1, 2)  # (B, H, T, hd)
+        k = self.wk(x).view(B, T, -1, hd).transpose(1, 2)  # (B, KV, T, hd)
+        v = self.wv(x).view(B, T, -1, hd).transpose(1, 2)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)

@@ -116,19 +116,3 @@ def causal_lm_weights(ds_folder) -> dict[str, torch.Tensor]:
             else:  # BlockStage's block.<...> is blocks.<i - 1>.<...>
                 state[f"transformer.blocks.{i - 1}.{name.removeprefix('block.')}"] = tensor
     return state
-
-
-def check_resume(point, cfg, world_size: int) -> None:
-    """A pipeline's DeepSpeed files are per stage (its layers' weights, its stage's Adam state): they load into the
-    same stages on the same number of ranks only (no universal conversion of them is built). ResumeRefused else."""
-    from trainer.checkpoint import ResumeRefused
-
-    saved = point.manifest.get("config", {}).get("parallel", {}).get("pipeline", 1)
-    now = cfg.parallel.pipeline
-    if saved == now == 1:
-        return
-    if saved != now or point.manifest["world_size"] != world_size:
-        raise ResumeRefused(
-            f"checkpoint {point.path} was written by parallel.pipeline = {saved} on {point.manifest['world_size']} "
-            f"ranks; this run has parallel.pipeline = {now} on {world_size}: a pipeline checkpoint resumes only with "
-            f"the same parallel.pipeline and number of ranks")

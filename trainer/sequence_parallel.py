@@ -77,5 +77,6 @@ def sequence_groups(world_size: int, rank: int, size: int) -> SequenceParallel |
 
 
 def data_parallel(rank: int, world_size: int, size: int) -> tuple[int, int]:
-    """(data-parallel rank, data-parallel size): the ranks of a sequence group read the same samples."""
+    """(data-parallel rank, data-parallel size): the `size` consecutive ranks of a sequence (or tensor-parallel)
+    group read the same samples."""
     return rank // size, world_size // size

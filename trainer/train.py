@@ -37,7 +37,7 @@ import torch.distributed as torch_dist
 from trainer.callbacks import (Callback, CanaryCallback, CheckpointCallback, GuardCallback, HealthCallback,
                                MetricsCallback, SDCCallback, StepRecord, StragglerCallback, WatchdogCallback,
                                extra_callbacks)
-from trainer.checkpoint import Checkpointer, Contents, saved_precision
+from trainer.checkpoint import Checkpointer, Contents, check_layout, saved_precision
 from trainer.config import RunConfig
 from trainer.data import rank_indices
 from trainer.engine import Dist, init_distributed
@@ -126,7 +126,7 @@ class Trainer:
     def __init__(self, cfg: RunConfig, *, dist: Dist | None = None, train_source: BatchSource | None = None,
                  val_sources: dict[str, BatchSource] | None = None):
         begun = time.perf_counter()
-        cfg, pipeline_off = cfg.pipeline_off()  # the per-rank checks a pipeline cannot run (logged below)
+        cfg, checks_off = cfg.checks_off()  # the per-rank checks a split model cannot run (logged below)
         self.cfg = cfg
         self.dist = dist or init_distributed(timeout_s=cfg.watchdog.collective_timeout_s)
         if train_source is None:
@@ -160,9 +160,9 @@ class Trainer:
                                    flops_per_token=flops_per_token(n_matmul, cfg.model, cfg.batch.seq_len),
                                    train_tokens=cfg.train_tokens)
             self.watchdog.on_fire = self.metrics.log_event
-            if pipeline_off:
-                self.metrics.log_event({"event": "pipeline_off", "fields": pipeline_off,
-                                        "reason": "parallel.pipeline > 1: a stage holds a part of the model"})
+            if checks_off:
+                self.metrics.log_event({"event": "checks_off", "fields": checks_off,
+                                        "reason": f"{cfg.model_split} > 1: a rank holds a part of the model"})
             if getattr(train_source, "left_out", None):
                 self.metrics.log_event({"event": "sources_left_out", "sources": train_source.left_out,
                                         "reason": f"no document of {cfg.data.min_doc_tokens} tokens or more"})
@@ -186,9 +186,8 @@ class Trainer:
         # bf16 or fp32, by the hardware unless forced; a resumed (or continued) run keeps what it started with.
         # From here on cfg says which (true / false), so the engine, checkpoints and evaluation see one answer.
         start = point or source
-        if cfg.parallel.pipeline > 1:  # fp32 only (RunConfig refuses bf16 true with a pipeline)
-            self.precision = Precision(bf16=False, requested=str(cfg.deepspeed.bf16).lower(),
-                                       reason="parallel.pipeline > 1 trains in fp32")
+        if cfg.fp32_only:  # a pipeline, tensor parallelism under ZeRO-0 (RunConfig refuses bf16 true for them)
+            self.precision = Precision(bf16=False, requested=str(cfg.deepspeed.bf16).lower(), reason=cfg.fp32_only)
         else:
             self.precision = resolve_precision(cfg.deepspeed.bf16, self.dist.device,
                                                resumed=saved_precision(start.manifest) if start is not None else None)
@@ -209,10 +208,8 @@ class Trainer:
                 torch_dist.barrier()
             weights_of = load_initial_weights(self.model, cfg.init_from, cache)
             self.metrics.log_event({"event": "initialized", "from": cfg.init_from, "step": weights_of["step"]})
-        if start is not None:  # a pipeline's step loads into the same layout only
-            from trainer.pipeline import check_resume
-
-            check_resume(start, cfg, self.dist.world_size)
+        if start is not None:  # a split model's step loads into the same layout only
+            check_layout(start, cfg, self.dist.world_size)
         # The engine must know before it is built whether it loads shards of another world size.
         universal = self.checkpointer.needs_universal(start, cfg)
         engine_begun = time.perf_counter()
@@ -408,8 +405,10 @@ class Trainer:
         cfg, d = self.cfg, self.dist
         n, micro = cfg.metrics.eval_batches * cfg.batch.global_batch, cfg.batch.micro_batch
         losses = {}
-        # A pipeline's stages evaluate the same samples (the loss comes back on each), counted once below.
-        ranks, world = (self.module.dp_rank, self.module.dp_size) if self.module.pipeline else (d.rank, d.world_size)
+        # The ranks holding parts of one model (a pipeline's stages, a tensor-parallel group) evaluate the same
+        # samples (the loss comes back on each), counted once below.
+        split = cfg.model_split is not None
+        ranks, world = (self.module.dp_rank, self.module.dp_size) if split else (d.rank, d.world_size)
         copies = d.world_size // world
         for name, source in self.val_sources.items():
             indices = rank_indices(0, n, ranks, world)

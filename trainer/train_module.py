@@ -61,7 +61,9 @@ class TrainModule:
         self.batch_size = cfg.batch.global_batch  # what the DeepSpeed engine is configured for
         # Sequence parallelism: this rank's group, and the data-parallel coordinates that choose its samples.
         self.sp = sequence_groups(dist.world_size, dist.rank, cfg.batch.sequence_parallel)
-        self.dp_rank, self.dp_size = data_parallel(dist.rank, dist.world_size, cfg.batch.sequence_parallel)
+        # A tensor-parallel group's ranks (consecutive, as a sequence group's) read the same samples too.
+        self.dp_rank, self.dp_size = data_parallel(dist.rank, dist.world_size,
+                                                   cfg.batch.sequence_parallel * cfg.parallel.tensor)
         # Pipeline parallelism (trainer.pipeline): DeepSpeed's grid puts rank = stage × dp_size + dp_rank, so the
         # stages of one pipeline read the same samples.
         self.pipeline = cfg.parallel.pipeline > 1
@@ -82,8 +84,9 @@ class TrainModule:
 
     def set_batch_size(self, batch: int) -> None:
         if batch != self.batch_size:
-            # Changes only the gradient-accumulation steps (DeepSpeed counts a sequence per sequence-parallel rank).
-            self.engine.set_train_batch_size(batch * self.cfg.batch.sequence_parallel)
+            # Changes only the gradient-accumulation steps (DeepSpeed counts a sequence per rank of a sequence- or
+            # tensor-parallel group).
+            self.engine.set_train_batch_size(batch * self.cfg.batch.sequence_parallel * self.cfg.parallel.tensor)
             self.batch_size = batch
 
     def forward(self, batch: dict, *, last: bool) -> torch.Tensor:

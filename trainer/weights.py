@@ -6,7 +6,8 @@ run's step that a new stage starts from (init_from: its weights; continue_from: 
 
 Under ZeRO 1-3 the fp32 master weights are gathered from every rank's optimizer shard (DeepSpeed's
 zero_to_fp32); under ZeRO-0 the module's own weights are read (fp32 runs: exact; bf16 runs: the bf16
-weights the model computed with). The step's files are verified against its manifest first, so a
+weights the model computed with); a tensor-parallel run's shards are concatenated from its module files (likewise).
+The step's files are verified against its manifest first, so a
 corrupt checkpoint is never evaluated or exported.
 """
 
@@ -43,6 +44,10 @@ def checkpoint_weights(step_folder: str | Path, *, verify: bool = True) -> tuple
         from trainer.pipeline import causal_lm_weights
 
         state = causal_lm_weights(ds)
+    elif manifest.get("config", {}).get("parallel", {}).get("tensor", 1) > 1:  # a file per tensor-parallel shard
+        from trainer.tensor_parallel import merged_weights
+
+        state = merged_weights(ds)
     elif any(ds.glob("*optim_states.pt")):
         from trainer.engine import zero_fp32_weights  # zero_to_fp32, or the shards of bf16 ZeRO-1's optimizer
 

@@ -61,7 +61,7 @@ def test_a_two_stage_pipeline_trains_as_the_unpipelined_model(tmp_path, ranks):
     val = lambda records: [(r["step"], r["val_loss"]["text"]) for r in records if r.get("event") == "eval"]
     assert [step for step, _ in val(whole)] == [3, 6, 9, 10]
     assert val(piped) == [(step, pytest.approx(loss, rel=1e-5)) for step, loss in val(whole)]
-    [off] = [r for r in piped if r.get("event") == "pipeline_off"]
+    [off] = [r for r in piped if r.get("event") == "checks_off"]
     assert off["fields"] == ["sdc.enabled", "straggler.enabled", "health.interval"]
 
 
@@ -136,7 +136,7 @@ def test_the_pipeline_settings_are_accepted_and_the_data_parallel_size_follows_f
 
 @pytest.mark.parametrize("sections, message", [
     ({"parallel": {"pipeline": 0}}, r"parallel.pipeline must be >= 1, got 0"),
-    ({"parallel": {"stages": 2}}, r"parallel.stages: unknown field \(known: pipeline\)"),
+    ({"parallel": {"stages": 2}}, r"parallel.stages: unknown field \(known: pipeline, tensor\)"),
     ({"parallel": {"pipeline": 8}}, r"model.n_layers \(4\) must be >= parallel.pipeline \(8\)"),
     ({"batch": {"sequence_parallel": 2}}, r"batch.sequence_parallel > 1 cannot be combined with parallel.pipeline"),
     ({"model": {"activation_checkpointing": "full"}}, r"model.activation_checkpointing must be \"none\""),
@@ -154,10 +154,10 @@ def test_what_a_pipeline_cannot_do_is_refused_naming_the_field(sections, message
 
 
 def test_the_checks_a_pipeline_cannot_run_are_turned_off_when_left_at_their_defaults():
-    cfg, off = _config().pipeline_off()
+    cfg, off = _config().checks_off()
     assert off == ["sdc.enabled", "straggler.enabled", "health.interval"]
     assert not cfg.sdc.enabled and not cfg.straggler.enabled and cfg.health.interval == 0
-    _, off = _config(sdc={"enabled": False}).pipeline_off()
+    _, off = _config(sdc={"enabled": False}).checks_off()
     assert off == ["straggler.enabled", "health.interval"]
 
 
@@ -166,7 +166,7 @@ def test_without_a_pipeline_nothing_is_refused():
 
     cfg = from_dict(RunConfig, run_dict("/tmp/unused", model={"activation_checkpointing": "full"},
                                         deepspeed={"zero_stage": 3, "bf16": True}))
-    assert cfg.parallel.pipeline == 1 and cfg.sdc.enabled and cfg.pipeline_off() == (cfg, [])
+    assert cfg.parallel.pipeline == 1 and cfg.sdc.enabled and cfg.checks_off() == (cfg, [])
 
 
 @pytest.mark.slow  # a 2-rank pipeline trainer under torchrun: ~40 s on 2 cores
@@ -193,23 +193,27 @@ def test_the_spike_guard_rolls_a_pipeline_back_and_skips_the_window(tmp_path):
     assert summary["steps"] == 14 and summary["sample_index"] == 14 * 8 + 24 and summary["skipped"] == []
 
 
-def test_a_pipeline_step_resumes_only_with_the_same_stages_and_ranks():
-    from trainer.checkpoint import ResumeRefused
+def test_a_split_models_step_resumes_only_with_the_same_split_and_ranks():
+    from trainer.checkpoint import ResumeRefused, check_layout
     from trainer.checkpoint_store import ResumePoint
-    from trainer.pipeline import check_resume
 
-    def point(pipeline: int, world_size: int) -> ResumePoint:
+    def point(world_size: int, **parallel) -> ResumePoint:
+        config = _config(parallel={"pipeline": 1, **parallel}).to_dict() if parallel else {}
         return ResumePoint(step=3, path=Path("/ckpt/step-00000003"), source="local",
-                           manifest={"world_size": world_size, "config": _config(parallel={"pipeline": pipeline})
-                                     .to_dict() if pipeline > 1 else {}})
+                           manifest={"world_size": world_size, "config": config})
 
-    check_resume(point(2, 2), _config(), 2)
-    check_resume(point(1, 4), _config(parallel={"pipeline": 1}), 2)  # no pipeline: the universal checkpoint's case
-    with pytest.raises(ResumeRefused, match=r"written by parallel.pipeline = 2 on 2 ranks; this run has "
-                                            r"parallel.pipeline = 2 on 4"):
-        check_resume(point(2, 2), _config(), 4)
-    with pytest.raises(ResumeRefused, match=r"parallel.pipeline = 1 on 2 ranks; this run has parallel.pipeline = 2"):
-        check_resume(point(1, 2), _config(), 2)
+    check_layout(point(2, pipeline=2), _config(), 2)
+    check_layout(point(4), _config(parallel={"pipeline": 1}), 2)  # no split: the universal checkpoint's case
+    check_layout(point(4, tensor=2), _config(parallel={"pipeline": 1, "tensor": 2}), 4)
+    with pytest.raises(ResumeRefused, match=r"written with parallel.pipeline = 2, parallel.tensor = 1 on 2 ranks; "
+                                            r"this run has parallel.pipeline = 2, parallel.tensor = 1 on 4"):
+        check_layout(point(2, pipeline=2), _config(), 4)
+    with pytest.raises(ResumeRefused, match=r"parallel.pipeline = 1, parallel.tensor = 1 on 2 ranks; this run has "
+                                            r"parallel.pipeline = 2"):
+        check_layout(point(2), _config(), 2)
+    with pytest.raises(ResumeRefused, match=r"parallel.tensor = 2 on 4 ranks; this run has parallel.pipeline = 1, "
+                                            r"parallel.tensor = 1 on 4"):
+        check_layout(point(4, tensor=2), _config(parallel={"pipeline": 1}), 4)
 
 
 @pytest.mark.parametrize("doc_positions", [True, False])
