@@ -148,20 +148,19 @@ def seed_rng(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def check_layout(point: ResumePoint, cfg: RunConfig, world_size: int) -> None:
-    """A split model's DeepSpeed files (a pipeline's per stage, a tensor-parallel group's per shard) load into
-    the same split on the same number of ranks only: no universal conversion of them is built. ResumeRefused
-    else, naming both layouts."""
+def check_layout(point: ResumePoint, cfg: RunConfig) -> None:
+    """A split model's DeepSpeed files (a pipeline's per stage, a tensor-parallel group's per shard) load into the
+    same split only: each rank of a new data-parallel replica loads its stage's or shard's files (ZeRO-0), and ZeRO-1
+    partitions go through the universal checkpoint as without a split; no conversion between splits is built.
+    ResumeRefused else, naming both."""
     saved = point.manifest.get("config", {}).get("parallel", {})
     layout = lambda parallel: {name: parallel.get(name, 1) for name in ("pipeline", "tensor")}
     before, now = layout(saved), layout(cfg.parallel.model_dump())
-    if before == now and (set(now.values()) == {1} or point.manifest["world_size"] == world_size):
-        return
-    said = lambda split: ", ".join(f"parallel.{name} = {size}" for name, size in split.items())
-    raise ResumeRefused(
-        f"checkpoint {point.path} was written with {said(before)} on {point.manifest['world_size']} ranks; this "
-        f"run has {said(now)} on {world_size}: a pipeline or tensor-parallel checkpoint resumes only with "
-        f"the same parallel settings and number of ranks")
+    if before != now:
+        said = lambda split: ", ".join(f"parallel.{name} = {size}" for name, size in split.items())
+        raise ResumeRefused(
+            f"checkpoint {point.path} was written with {said(before)}; this run has {said(now)}: a checkpoint "
+            f"resumes only with the same parallel settings (on any number of data-parallel replicas)")
 
 
 class Checkpointer:

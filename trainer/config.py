@@ -470,11 +470,8 @@ class RunConfig(_Config):
             (self.model.activation_checkpointing != "none",
              "model.activation_checkpointing must be \"none\" with parallel.pipeline > 1 (recomputation inside "
              "pipeline stages is not built)"),
-            (self.deepspeed.zero_stage != 0, "deepspeed.zero_stage must be 0 with parallel.pipeline > 1 (DeepSpeed "
-                                             "refuses ZeRO-2/3 with a pipeline; ZeRO-1's gradient norm over stages "
-                                             "is not checked here)"),
-            (self.deepspeed.bf16 is True, "deepspeed.bf16 must be false or \"auto\" with parallel.pipeline > 1 "
-                                          "(the pipeline trains in fp32 only)"),
+            (self.deepspeed.zero_stage > 1, "deepspeed.zero_stage must be 0 or 1 with parallel.pipeline > 1 "
+                                            "(DeepSpeed refuses ZeRO-2/3 with a pipeline)"),
             (self.batch.ramp_start is not None, "batch.ramp_start: a batch-size ramp cannot be combined with "
                                                 "parallel.pipeline > 1 (DeepSpeed's pipeline fixes its micro-batch "
                                                 "count when built)"),
@@ -526,11 +523,9 @@ class RunConfig(_Config):
     @property
     def fp32_only(self) -> str | None:
         """Why this layout trains in fp32 whatever the hardware does (deepspeed.bf16 "auto" resolves to false), or
-        None. bf16 true is refused for it (_check_pipeline, _check_tensor)."""
-        if self.parallel.pipeline > 1:
-            return "parallel.pipeline > 1 trains in fp32"
+        None. bf16 true is refused for it (_check_tensor)."""
         if self.parallel.tensor > 1 and self.deepspeed.zero_stage == 0:
-            return f"parallel.tensor > 1 under ZeRO-0 trains in fp32: {TENSOR_BF16_ZERO0}"
+            return f"parallel.tensor > 1 under ZeRO-0 trains in fp32 ({TENSOR_BF16_ZERO0})"
         return None
 
     @property

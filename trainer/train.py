@@ -186,7 +186,7 @@ class Trainer:
         # bf16 or fp32, by the hardware unless forced; a resumed (or continued) run keeps what it started with.
         # From here on cfg says which (true / false), so the engine, checkpoints and evaluation see one answer.
         start = point or source
-        if cfg.fp32_only:  # a pipeline, tensor parallelism under ZeRO-0 (RunConfig refuses bf16 true for them)
+        if cfg.fp32_only:  # tensor parallelism under ZeRO-0 (RunConfig refuses bf16 true there)
             self.precision = Precision(bf16=False, requested=str(cfg.deepspeed.bf16).lower(), reason=cfg.fp32_only)
         else:
             self.precision = resolve_precision(cfg.deepspeed.bf16, self.dist.device,
@@ -208,8 +208,8 @@ class Trainer:
                 torch_dist.barrier()
             weights_of = load_initial_weights(self.model, cfg.init_from, cache)
             self.metrics.log_event({"event": "initialized", "from": cfg.init_from, "step": weights_of["step"]})
-        if start is not None:  # a split model's step loads into the same layout only
-            check_layout(start, cfg, self.dist.world_size)
+        if start is not None:  # a split model's step loads into the same split only
+            check_layout(start, cfg)
         # The engine must know before it is built whether it loads shards of another world size.
         universal = self.checkpointer.needs_universal(start, cfg)
         engine_begun = time.perf_counter()
