@@ -44,19 +44,21 @@ def _steps(records, key: str) -> list[float]:
 
 
 @pytest.mark.slow  # a 2- or 4-rank AutoTP run under torchrun and a 1-rank run: ~15-25 s each on 2 cores
-@pytest.mark.parametrize("ranks, zero_stage, bf16", [(2, 0, False), (4, 1, False), (2, 1, True)])
-def test_tensor_parallel_ranks_train_as_one_rank(tmp_path, ranks, zero_stage, bf16):
-    """parallel.tensor 2 on 2 ranks (one replica; ZeRO-0, where the gate clips by the norm it sums over the group) or
-    4 (two replicas of 2 tensor-parallel ranks; ZeRO-1, where DeepSpeed clips) against 1 rank on the same samples
-    from the same initial weights: in fp32 the same losses and pre-clip gradient norms for 10 clipped steps, the same
-    held-out loss, and the final step's weights merged from its shards equal to the 1-rank run's; in bf16 (ZeRO-1)
-    the same within bf16's rounding of the split matmuls."""
+@pytest.mark.parametrize("ranks, zero_stage, bf16, recompute", [(2, 0, False, "full"), (4, 1, False, "none"),
+                                                                (2, 1, True, "none")])
+def test_tensor_parallel_ranks_train_as_one_rank(tmp_path, ranks, zero_stage, bf16, recompute):
+    """parallel.tensor 2 on 2 ranks (one replica; ZeRO-0, where the gate clips by the norm it sums over the group;
+    every block recomputed in backward, its all-reduces with it) or 4 (two replicas of 2 tensor-parallel ranks;
+    ZeRO-1, where DeepSpeed clips) against 1 rank on the same samples from the same initial weights: in fp32 the same
+    losses and pre-clip gradient norms for 10 clipped steps, the same held-out loss, and the final step's weights
+    merged from its shards equal to the 1-rank run's; in bf16 (ZeRO-1) the same within bf16's rounding of the split
+    matmuls."""
     import torch
 
     from trainer.checkpoint_store import LocalCheckpoints
     from trainer.weights import checkpoint_weights
 
-    sections = {"deepspeed": {"zero_stage": zero_stage, "bf16": bf16}}
+    sections = {"deepspeed": {"zero_stage": zero_stage, "bf16": bf16}, "model": {"activation_checkpointing": recompute}}
     split = _run(tmp_path, "split", ranks, 2, **sections)
     whole = _run(tmp_path, "whole", 1, 1, **sections)
     # bf16: measured 1.2e-4 (loss) and 1.7e-3 (norm) at most over these 10 steps.
