@@ -163,6 +163,35 @@ def test_kill_mid_step_then_mid_save_replays_bit_identical_losses(tmp_path, two_
     assert {f["path"] for f in manifest["files"]} >= {"trainer.json", "rank-00000.pt", "rank-00001.pt"}
 
 
+def kill_mid_step_then_mid_save(tmp_path: Path, settings) -> LocalCheckpoints:
+    """The kill -9 test above for another layout (a pipeline, tensor parallelism): `settings(out)` is a run of 12 steps
+    saved every 3 on 2 ranks. Run once uninterrupted; then killed mid-step after the first save, then mid-save (a
+    partial step never commits), then run to the end: every logged loss equals the uninterrupted run's bit for bit.
+    Returns the interrupted run's checkpoints."""
+    reference_json = _write(tmp_path / "ref", settings(tmp_path / "ref" / "out"))
+    _finish(_start(reference_json), reference_json)
+    reference = _losses(_records(tmp_path / "ref" / "out"))
+    assert sorted(reference) == list(range(1, STEPS + 1))
+
+    out = tmp_path / "run" / "out"
+    run_json = _write(tmp_path / "run", settings(out))
+    local = LocalCheckpoints(out / "checkpoints")
+    _kill_when(_start(run_json), lambda: 5 in _losses(_records(out)))
+    assert local.committed() == [3]
+    proc = _start(run_json, fault_env("save_delay:seconds=2"))
+    _kill_when(proc, lambda: any(local.partial_path(6).glob("ds/*.pt")))
+    assert local.committed() == [3] and 6 in local.partials()
+    _finish(_start(run_json), run_json)
+
+    records = _records(out)
+    assert [(r["step"], r["universal"]) for r in records if r["event"] == "resumed"] == [(3, False), (3, False)]
+    train = [r for r in records if r["event"] == "train"]
+    assert {r["step"] for r in train} == set(reference)
+    assert [(r["step"], r["loss"]) for r in train if r["loss"] != reference[r["step"]]] == []
+    assert local.committed() == SAVES and not local.partials()
+    return local
+
+
 def _trainer(out, **sections):
     from trainer.train import Trainer
 

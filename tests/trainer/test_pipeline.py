@@ -72,49 +72,24 @@ def test_a_two_stage_pipeline_trains_as_the_unpipelined_model(tmp_path, ranks, z
     assert off["fields"] == ["sdc.enabled", "straggler.enabled", "health.interval"]
 
 
-@pytest.mark.slow  # three 2-rank pipeline runs (one uninterrupted, one killed twice and resumed): ~2 min on 2 cores
+@pytest.mark.slow  # three 2-rank pipeline runs (one uninterrupted, one killed twice and resumed): ~35 s on 2 cores
 def test_a_pipeline_killed_mid_step_then_mid_save_resumes_bit_identically(tmp_path):
     """As tests/trainer/test_checkpoint.py's kill -9 test, on a 2-stage pipeline: killed mid-step after the first
     save, then mid-save (a partial step never commits), then run to the end; every logged loss equals the
     uninterrupted run's bit for bit."""
-    from tests.trainer.faults import fault_env
-    from tests.trainer.test_checkpoint import _finish, _kill_when, _losses, _records, _start, _write
-    from trainer.checkpoint_store import LocalCheckpoints
+    from tests.trainer.test_checkpoint import EVERY, STEPS, kill_mid_step_then_mid_save
 
-    steps, every = 12, 3
-    def settings(out):
-        return _settings(out, 2, train_tokens=steps * 8 * 64, metrics={"eval_batches": 0},
-                         checkpoint={"interval_steps": every, "keep_last": 4})
-
-    reference_json = _write(tmp_path / "ref", settings(tmp_path / "ref" / "out"))
-    _finish(_start(reference_json), reference_json)
-    reference = _losses(read_metrics(tmp_path / "ref" / "out"))
-    assert sorted(reference) == list(range(1, steps + 1))
-
-    out = tmp_path / "run" / "out"
-    run_json = _write(tmp_path / "run", settings(out))
-    local = LocalCheckpoints(out / "checkpoints")
-    _kill_when(_start(run_json), lambda: 5 in _losses(_records(out)))
-    assert local.committed() == [3]
-    proc = _start(run_json, fault_env("save_delay:seconds=2"))
-    _kill_when(proc, lambda: any(local.partial_path(6).glob("ds/*.pt")))
-    assert local.committed() == [3] and 6 in local.partials()
-    _finish(_start(run_json), run_json)
-
-    records = _records(out)
-    assert [(r["step"], r["universal"]) for r in records if r["event"] == "resumed"] == [(3, False), (3, False)]
-    train = [r for r in records if r["event"] == "train"]
-    assert {r["step"] for r in train} == set(reference)
-    assert [(r["step"], r["loss"]) for r in train if r["loss"] != reference[r["step"]]] == []
-    assert local.committed() == [3, 6, 9, 12] and not local.partials()
-    manifest = local.verify(steps)
+    local = kill_mid_step_then_mid_save(tmp_path, lambda out: _settings(
+        out, 2, train_tokens=STEPS * 8 * 64, metrics={"eval_batches": 0},
+        checkpoint={"interval_steps": EVERY, "keep_last": 4}))
+    manifest = local.verify(STEPS)
     assert manifest["world_size"] == 2 and manifest["config"]["parallel"]["pipeline"] == 2
 
     # Its weights read back as CausalLM's (export, init_from): every parameter, named as the unpipelined model's.
     from trainer.model import CausalLM
     from trainer.weights import checkpoint_weights, model_config
 
-    weights, _ = checkpoint_weights(local.path(steps))
+    weights, _ = checkpoint_weights(local.path(STEPS))
     CausalLM(model_config(manifest)).load_state_dict(weights, strict=True)
 
 

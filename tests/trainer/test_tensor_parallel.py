@@ -95,42 +95,18 @@ def test_tensor_parallel_ranks_train_as_one_rank(tmp_path, ranks, zero_stage, bf
             torch.testing.assert_close(merged[name], tensor, rtol=1e-4, atol=2e-5, msg=name)
 
 
-@pytest.mark.slow  # three 2-rank AutoTP runs (one uninterrupted, one killed twice and resumed): ~2 min on 2 cores
+@pytest.mark.slow  # three 2-rank AutoTP runs (one uninterrupted, one killed twice and resumed): ~35 s on 2 cores
 def test_a_tensor_parallel_run_killed_mid_step_then_mid_save_resumes_bit_identically(tmp_path):
     """As tests/trainer/test_checkpoint.py's kill -9 test, on 2 tensor-parallel ranks: killed mid-step after the
     first save, then mid-save (a partial step never commits), then run to the end; every logged loss equals the
     uninterrupted run's bit for bit."""
-    from tests.trainer.faults import fault_env
-    from tests.trainer.test_checkpoint import _finish, _kill_when, _losses, _records, _start, _write
-    from trainer.checkpoint_store import LocalCheckpoints
+    from tests.trainer.test_checkpoint import EVERY, STEPS, kill_mid_step_then_mid_save
 
-    steps, every = 12, 3
-
-    def settings(out):
-        return _settings(out, 2, train_tokens=steps * 8 * 64, metrics={"eval_batches": 0},
-                         checkpoint={"interval_steps": every, "keep_last": 4})
-
-    reference_json = _write(tmp_path / "ref", settings(tmp_path / "ref" / "out"))
-    _finish(_start(reference_json), reference_json)
-    reference = _losses(read_metrics(tmp_path / "ref" / "out"))
-    assert sorted(reference) == list(range(1, steps + 1))
-
-    out = tmp_path / "run" / "out"
-    run_json = _write(tmp_path / "run", settings(out))
-    local = LocalCheckpoints(out / "checkpoints")
-    _kill_when(_start(run_json), lambda: 5 in _losses(_records(out)))
-    assert local.committed() == [3]
-    proc = _start(run_json, fault_env("save_delay:seconds=2"))
-    _kill_when(proc, lambda: any(local.partial_path(6).glob("ds/*.pt")))
-    assert local.committed() == [3] and 6 in local.partials()
-    _finish(_start(run_json), run_json)
-
-    records = _records(out)
-    assert [(r["step"], r["universal"]) for r in records if r["event"] == "resumed"] == [(3, False), (3, False)]
-    train = [r for r in records if r["event"] == "train"]
-    assert {r["step"] for r in train} == set(reference)
-    assert [(r["step"], r["loss"]) for r in train if r["loss"] != reference[r["step"]]] == []
-    assert local.committed() == [3, 6, 9, 12] and not local.partials()
+    local = kill_mid_step_then_mid_save(tmp_path, lambda out: _settings(
+        out, 2, train_tokens=STEPS * 8 * 64, metrics={"eval_batches": 0},
+        checkpoint={"interval_steps": EVERY, "keep_last": 4}))
+    assert sorted(p.name for p in (local.path(STEPS) / "ds").glob("mp_rank_*_model_states.pt")) == [
+        "mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]
 
 
 def _config(**sections):
