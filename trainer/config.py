@@ -476,7 +476,7 @@ class RunConfig(_Config):
                                                 "parallel.pipeline > 1 (DeepSpeed's pipeline fixes its micro-batch "
                                                 "count when built)"),
         ]
-        for bad, message in refused + self._split_refusals("parallel.pipeline", "a pipeline stage"):
+        for bad, message in refused + self._split_refusals("parallel.pipeline", "a pipeline's stages"):
             if bad:
                 raise ValueError(message)
 
@@ -499,20 +499,20 @@ class RunConfig(_Config):
              "deepspeed.bf16 true with parallel.tensor > 1 needs deepspeed.zero_stage 1 or 2 (" + TENSOR_BF16_ZERO0
              + ")"),
         ]
-        for bad, message in refused + self._split_refusals("parallel.tensor", "a tensor-parallel rank"):
+        for bad, message in refused + self._split_refusals("parallel.tensor", "a tensor-parallel group's ranks"):
             if bad:
                 raise ValueError(message)
 
-    def _split_refusals(self, field: str, part: str) -> list[tuple[bool, str]]:
-        """The per-rank checks that assume every rank holds the whole model. On by default, they are turned off
-        where a rank holds `part` of it (checks_off, logged at start); asked for in the config, refused."""
+    def _split_refusals(self, field: str, parts: str) -> list[tuple[bool, str]]:
+        """The per-rank checks that assume every rank holds the whole model, where `field` splits it over `parts`.
+        On by default, they are turned off there (checks_off, logged at start); asked for in the config, refused."""
         return [
             ("enabled" in self.sdc.model_fields_set and self.sdc.enabled,
              f"sdc.enabled must be false with {field} > 1 (the per-rank loss and gradient-norm comparison "
              "assumes every rank holds the whole model)"),
             ("enabled" in self.straggler.model_fields_set and self.straggler.enabled,
-             f"straggler.enabled must be false with {field} > 1 (the ranks of {part}'s group wait on each other "
-             "inside every step, so their step times do not single a slow rank out)"),
+             f"straggler.enabled must be false with {field} > 1 ({parts} wait on each other inside every step, so "
+             "their step times do not single a slow rank out)"),
             ("interval" in self.health.model_fields_set and self.health.interval != 0,
              f"health.interval must be 0 with {field} > 1 (per-layer health figures are not gathered over "
              "the parts of the model)"),
