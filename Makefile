@@ -54,7 +54,7 @@ demo: $(STAMP)
 	@echo "  $(BIN)/pretrain where curation/web/raw_crawl"
 	@echo "  $(BIN)/pretrain docs raw_crawl --source web --limit 3"
 
-# The whole suite (what CI runs): real S3, PostgreSQL, Slurm, Ray, Chromium and DeepSpeed runs, ~20 minutes.
+# The whole suite (what CI runs): real S3, PostgreSQL, Slurm, Ray, Chromium and DeepSpeed runs, ~50 minutes on 2 cores.
 test: system-deps $(STAMP)
 	$(BIN)/python -m pytest -q --durations=30
 

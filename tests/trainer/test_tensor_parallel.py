@@ -82,17 +82,13 @@ def test_tensor_parallel_ranks_train_as_one_rank(tmp_path, ranks, zero_stage, bf
     assert sorted(merged) == sorted(reference)
     for name, tensor in reference.items():
         assert merged[name].shape == tensor.shape, name
-        if bf16:
-            # A bf16 run's shards hold the bf16 weights the model computed with (checkpoint_weights: the module's);
-            # the 1-rank run's are fp32 masters. Adam moves a weight by about lr a step whatever its gradient's size,
-            # so where bf16 rounding flips a tiny gradient's sign the runs part by up to 2·lr in a few elements
-            # (0.02 measured in 15 of 32768 embedding weights): compared as wholes (shards put together in the
-            # wrong order or dimension would be ~1.4 × the norm apart).
-            assert (merged[name] - tensor).norm() <= 0.02 * tensor.norm(), name
-        else:
-            # Where Adam's gradients are tiny (embedding rows of rare tokens), the summation-order difference of
-            # the split matmuls shows as ~1e-5 in the weight after 10 steps.
-            torch.testing.assert_close(merged[name], tensor, rtol=1e-4, atol=2e-5, msg=name)
+        # Compared as wholes: shards put together in the wrong order would be ~1.4 × the norm apart. fp32: where
+        # Adam's gradients are tiny (embedding rows of rare tokens) the split matmuls' summation order shows, up to
+        # 2e-5 of the norm after 10 steps (AVX2 kernels; 7e-5 in one element). bf16: a bf16 run's shards hold the
+        # bf16 weights the model computed with (checkpoint_weights: the module's), the 1-rank run's are fp32 masters,
+        # and Adam moves a weight by about lr a step whatever its gradient's size, so where rounding flips a tiny
+        # gradient's sign the runs part by up to 2·lr: up to 3% of the norm measured (AVX2's emulated bf16).
+        assert (merged[name] - tensor).norm() <= (0.1 if bf16 else 1e-4) * tensor.norm(), name
 
 
 @pytest.mark.slow  # three 2-rank AutoTP runs (one uninterrupted, one killed twice and resumed): ~35 s on 2 cores
