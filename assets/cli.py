@@ -352,9 +352,9 @@ def _status(args) -> int:
 
 
 def _training_jobs() -> list[dict]:
-    """Every training job started under $PRETRAIN_HOME/work/training (trainer/job.py job_summary), newest first."""
+    """Every training job started under $PRETRAIN_HOME/work/training (trainer/job/detach.py job_summary), newest first."""
     from assets.home import pretrain_home
-    from trainer.job import JOB_FILE, job_summary
+    from trainer.job.detach import JOB_FILE, job_summary
 
     jobs = [job_summary(path.parent) for path in (pretrain_home() / "work" / "training").glob(f"*/*/{JOB_FILE}")]
     return sorted(jobs, key=lambda j: -j["started_at"])
@@ -362,7 +362,7 @@ def _training_jobs() -> list[dict]:
 
 def _jobs(args) -> int:
     """Every training job started under $PRETRAIN_HOME/work/training, newest first. Works without the Dagster
-    webserver or instance: the jobs' own files say it all (trainer/job.py job_summary)."""
+    webserver or instance: the jobs' own files say it all (trainer/job/detach.py job_summary)."""
     from assets.home import pretrain_home
 
     root = pretrain_home() / "work" / "training"
@@ -418,7 +418,8 @@ def _lineage(args) -> int:
     from pathlib import Path
 
     from storage.manifest import read_manifest
-    from storage.objects import StoreError, open_store
+    from storage.objects import StoreError
+    from storage.factory import open_store
 
     uri = args.checkpoint.rstrip("/")
     try:
@@ -463,11 +464,11 @@ def _export(args) -> int:
     from pathlib import Path
 
     from storage.objects import StoreError
-    from trainer.checkpoint_store import CorruptCheckpoint
+    from trainer.checkpoint.store import CorruptCheckpoint
 
     with tempfile.TemporaryDirectory(prefix="pretrain-export-") as tmp:
         try:
-            from trainer.export import export_checkpoint
+            from trainer.evaluation.export import export_checkpoint
 
             step_folder, tokenizer = _checkpoint_and_tokenizer(args, Path(tmp))
             out = export_checkpoint(step_folder, args.out_dir, tokenizer=tokenizer)
@@ -485,11 +486,11 @@ def _eval(args) -> int:
 
     from assets.recipe import load_recipe
     from storage.objects import StoreError
-    from trainer.checkpoint_store import CorruptCheckpoint
+    from trainer.checkpoint.store import CorruptCheckpoint
 
     from assets.evaluation.stage import HF_CACHE
     from assets.home import pretrain_home
-    from trainer.harness import HarnessUnavailable, lm_eval_checkpoint
+    from trainer.evaluation.harness import HarnessUnavailable, lm_eval_checkpoint
 
     recipe = load_recipe(args.recipe)
     tasks = args.tasks.split(",") if args.tasks else recipe.evaluation.tasks
@@ -512,7 +513,7 @@ def _eval(args) -> int:
 def _checkpoint_and_tokenizer(args, tmp) -> tuple:
     """(a local copy of the checkpoint step args.checkpoint names, args.tokenizer or the tokenizer its lineage names,
     downloaded from the store)."""
-    from trainer.checkpoint_store import local_step
+    from trainer.checkpoint.store import local_step
 
     step_folder = local_step(args.checkpoint, tmp / "steps")
     if args.tokenizer:
@@ -523,7 +524,7 @@ def _checkpoint_and_tokenizer(args, tmp) -> tuple:
 
 def _lineage_tokenizer(manifest: dict, tmp):
     from assets.home import store_url
-    from storage.objects import open_store
+    from storage.factory import open_store
 
     entry = next((e for e in manifest.get("lineage") or [] if e.get("asset") == "tokenization/tokenizer"), None)
     if entry is None:
@@ -536,7 +537,7 @@ def _lineage_tokenizer(manifest: dict, tmp):
 def _plan(args) -> int:
     # Pure arithmetic: no Dagster instance. A layout that will not fit warns but is no error (exit 0).
     from assets.recipe import RecipeError, load_recipe
-    from trainer import planner
+    from trainer.planner import plan as planner
 
     try:
         if args.budget is not None:
@@ -587,7 +588,7 @@ def _plan(args) -> int:
 def _training_stages(recipe) -> tuple[list[tuple], dict[str, dict]]:
     """([(stage name, ModelShape, tokens)], {stage name: its micro-batch and recomputation}) of the recipe's
     training stages, for `pretrain plan`."""
-    from trainer.planner import ModelShape
+    from trainer.planner.plan import ModelShape
 
     if recipe.training is None:
         return [], {}

@@ -20,7 +20,7 @@ PG_SCHEME = "postgresql+psycopg2://"
 _OURS = ("# Written by pretrain", "# Embedded default: SQLite storage in this folder.")
 
 # Run monitoring (the daemon): a run whose worker died is marked failed instead of hanging as "started"; its
-# training job goes on (trainer/job.py), and training_follow_sensor (assets/training/follow.py) materializes the
+# training job goes on (trainer/job/detach.py), and training_follow_sensor (assets/training/follow.py) materializes the
 # stage again, which follows the job. The default run launcher cannot resume a run itself (set
 # max_resume_run_attempts with the Kubernetes or Docker one).
 _MONITORING = """run_monitoring:

@@ -1,6 +1,6 @@
 """Recipes: the YAML a user edits, validated by pydantic before anything runs.
 
-A recipe composes the engines' own config types (a source's `reader` is `pipelines.readers.ReaderConfig`),
+A recipe composes the engines' own config types (a source's `reader` is `pipelines.ingest.readers.ReaderConfig`),
 so a field added to an engine is a recipe field at once. Every error names the file and the field:
 
     recipes/mine.yaml: sources[1] (web).reader.min_text_chars: Input should be a valid integer
@@ -20,13 +20,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from assets.stages import EvaluationSection, MixingSection, TrainingSection
-from pipelines.decontam import DecontamConfig
-from pipelines.dedup import DedupConfig
-from pipelines.filter_config import FilterConfig
+from pipelines.decontam.index import DecontamConfig
+from pipelines.dedup.minhash import DedupConfig
+from pipelines.filters.config import FilterConfig
 from pipelines.inputs import URL_SCHEME
-from pipelines.readers import ReaderConfig, expand_inputs
-from pipelines.quality_model import QualityClassifierConfig
-from pipelines.tokenize import PackingConfig, TokenizerConfig
+from pipelines.ingest.readers import ReaderConfig, expand_inputs
+from pipelines.filters.quality import QualityClassifierConfig
+from pipelines.tokenization.tokenizer import PackingConfig, TokenizerConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEMO_RECIPE = REPO_ROOT / "recipes" / "demo.yaml"

@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from resources.launcher import LauncherResource
 from resources.slurm import SlurmConfig
 from trainer.config import RunConfig, ZeroShotTask, from_dict
-from trainer.mixing import MixingConfig
+from trainer.data.mixing import MixingConfig
 
 # Fields of RunConfig a recipe stage may set; data, output_dir, stage, lineage and the tokenizer hash
 # are filled in by the training assets.
@@ -268,13 +268,13 @@ class MixingSection(BaseModel):
 
 
 class EvaluationSection(BaseModel):
-    """What the evaluation assets measure on each stage's final checkpoint: losses (trainer/evaluate.py), zero-shot tasks
-    by lm-evaluation-harness (trainer/harness.py)."""
+    """What the evaluation assets measure on each stage's final checkpoint: losses (trainer/evaluation/evaluate.py), zero-shot tasks
+    by lm-evaluation-harness (trainer/evaluation/harness.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     tasks: list[ZeroShotTask] = Field(["lambada_openai", "hellaswag", "arc_easy", "piqa"],
-                                      description="lm-evaluation-harness tasks (trainer/harness.py)")
+                                      description="lm-evaluation-harness tasks (trainer/evaluation/harness.py)")
     limit: int | None = Field(200, ge=1, description="items per task (None: all)")
     benchmarks: str = Field("benchmarks", description="the benchmark folder, relative to base_dir")
     canary: str | None = Field("benchmarks/wikitext-2-test.txt", description="fixed text whose loss is tracked")

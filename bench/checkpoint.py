@@ -7,12 +7,12 @@ against a synchronous save-and-upload of the same state in the same run.
 its figures mean nothing.
 
 The trainer itself: trainer.train.Trainer (DeepSpeed ZeRO-1, bf16 where the CPU computes it natively (else
-fp32, trainer.precision) with fp32 master weights, AdamW) on
+fp32, trainer.parallel.precision) with fp32 master weights, AdamW) on
 tinyshakespeare with the 8,192 most frequent GPT-2 tokens, and its Checkpointer writing to a moto_server
 subprocess on loopback (S3 API through boto3, multipart, sha256 metadata). Per checkpoint, interleaved so
 load from other processes hits both alike, median of --reps:
   stall        = Checkpointer.save(): every rank's DeepSpeed state (model, optimizer shards), RNG and loop
-                 state copied in memory (trainer.async_save); the writes of the staging files, the commit
+                 state copied in memory (trainer.checkpoint.async_save); the writes of the staging files, the commit
                  (wait for every rank's files, sha256, manifest, rename, latest) and the upload follow in
                  their own threads while training goes on
   synchronous  = the same save, then waiting for the writes, the commit and the upload, as a loop without
@@ -91,8 +91,8 @@ def main() -> None:
             "checkpoint": {"remote": "s3://bench/ckpt", "keep_last": 2, "resume": False}})
         trainer = Trainer(cfg)
         ckpt = trainer.checkpointer
-        print(f"trainer: {trainer.n_params / 1e6:.1f} M parameters, ZeRO-1 {trainer.precision.dtype} "
-              f"({trainer.precision.reason}); moto_server at {server.endpoint}")
+        print(f"trainer: {trainer.n_params / 1e6:.1f} M parameters, ZeRO-1 {trainer.parallel.precision.dtype} "
+              f"({trainer.parallel.precision.reason}); moto_server at {server.endpoint}")
 
         def step_time() -> float:
             t = time.perf_counter()

@@ -68,7 +68,7 @@ def smoke_inputs(source: dict, base_dir: Path, out: Path) -> list[str]:
     """The source's WARC inputs cut to their first SMOKE_PAGES records (absolute paths, for the recipe)."""
     from warcio.archiveiterator import ArchiveIterator
 
-    from pipelines.readers import expand_inputs
+    from pipelines.ingest.readers import expand_inputs
 
     if source["format"] not in ("warc", "wet"):
         raise SystemExit(f"bench/curation.py --smoke: source {source['name']!r} is {source['format']}; "
@@ -100,7 +100,7 @@ def run(recipe_path: Path, name: str, home: Path, rounds: int) -> None:
     from assets.core.upstream import latest_output
     from assets.curation.filtered import filtered_key, resolved_filter
     from assets.curation.quality_classifier import CLASSIFIER_KEY, MODEL_FILE
-    from pipelines.filters import filter_counts, filter_pipeline
+    from pipelines.filters.steps import filter_counts, filter_pipeline
 
     factory = Factory(str(recipe_path))
     source = factory.recipe.source(name)

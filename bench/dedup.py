@@ -1,4 +1,4 @@
-"""Near-dedup quality and speed: our staged MinHash LSH (pipelines/dedup_stage.py) against datasketch's MinHashLSH.
+"""Near-dedup quality and speed: our staged MinHash LSH (pipelines/dedup/stage.py) against datasketch's MinHashLSH.
 
     .venv/bin/python bench/dedup.py [--pairs-per-level 150] [--seed 0] [--repeats 3] [--smoke]
 
@@ -36,8 +36,8 @@ import zipfile  # noqa: E402
 
 import orjson  # noqa: E402
 
-from pipelines.dedup import DedupConfig, normalized_words  # noqa: E402
-from pipelines.dedup_stage import deduplicate  # noqa: E402
+from pipelines.dedup.minhash import DedupConfig, normalized_words  # noqa: E402
+from pipelines.dedup.stage import deduplicate  # noqa: E402
 from pipelines.runner import LocalRunner  # noqa: E402
 from pipelines.shards import iter_documents  # noqa: E402
 

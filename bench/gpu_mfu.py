@@ -8,7 +8,7 @@ compiled FlexAttention with the document mask, the spike guard, metrics) runs `w
 allocator) and then `steps` timed steps; tokens/s is from the median step. The baseline is a bare
 PyTorch loop of the identical model and batches in the same process: fp32 weights under
 torch.autocast(bf16), fused AdamW, clip_grad_norm_, no DeepSpeed, no guard, no metrics.
-MFU = (6N + 12·L·T·d) · tokens/s ÷ peak (trainer/metrics.py; H100/H200 989e12 bf16 dense).
+MFU = (6N + 12·L·T·d) · tokens/s ÷ peak (trainer/reporting/metrics.py; H100/H200 989e12 bf16 dense).
 Targets (issues 5, 19) on an H100/H200: trainer MFU ≥ 50% at 125M-350M, ≥ 45% at 1B (whose recomputed forward is
 not counted: MFU counts the model's FLOPs, not the hardware's). The long-context run (350M at seq 32768,
 batch.sequence_parallel = the GPU count, under torchrun) reports the trainer's own per-device MFU; it needs 2 GPUs.
@@ -95,7 +95,7 @@ def bench_size(size: str, steps: int, warmup: int) -> tuple[float, float, float]
 
         # The bare loop: the same model class and initial weights, the same batches.
         torch.manual_seed(cfg.seed)
-        from trainer.model import CausalLM
+        from trainer.model.transformer import CausalLM
 
         model = CausalLM(cfg.model).cuda()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)

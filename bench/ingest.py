@@ -6,7 +6,7 @@ The input: ../shared/data/crawl/web-pages.warc.gz (1,171 HTML pages; `--pages N`
 WARC files of half the pages each (in a temporary folder), so that two tasks have a file each.
 Baseline: datatrove's WarcReader -> Trafilatura() -> JsonlWriter, run by LocalPipelineExecutor as a user would
 (its extractor runs in its subprocess sandbox, 1 s timeout a page).
-Ours: pipelines.ingest.ingest_source (our damage-tolerant reader, decoding and extraction in the task, shards
+Ours: pipelines.ingest.step.ingest_source (our damage-tolerant reader, decoding and extraction in the task, shards
 named after their input file), also run by LocalPipelineExecutor.
 Both sides get the same processes: 2 tasks on 2 workers, then 1 task on 1 worker. Prints documents, docs/s and
 MB/s (compressed input bytes per second) of each run, the two ratios (our docs/s / datatrove's docs/s, best of
@@ -90,8 +90,8 @@ def close_helpers() -> None:
 
 def run_ours(work: Path, inputs: list[Path], tasks: int, workers: int) -> tuple[int, float, dict]:
     sys.path.insert(0, str(REPO))
-    from pipelines.ingest import ingest_source
-    from pipelines.readers import ReaderConfig
+    from pipelines.ingest.step import ingest_source
+    from pipelines.ingest.readers import ReaderConfig
 
     start = time.perf_counter()
     stats = ingest_source(name="web", inputs=inputs, format="warc", reader=ReaderConfig(), out_dir=work / "ours-out",

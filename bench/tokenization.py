@@ -8,14 +8,14 @@ trained in the run.
 
 1. Tokenization, same text, same batches of 1,024 documents, same run, interleaved, best of `--repeat`:
    baseline  tokenizer.encode_batch(batch) (what datatrove's DocumentTokenizer calls), tokens counted after
-   ours      pipelines.tokenize.pack_documents: encode, EOS, train/val split, both streams and offsets written
+   ours      pipelines.tokenization.tokenizer.pack_documents: encode, EOS, train/val split, both streams and offsets written
    (ours encodes with encode_batch_fast, which skips the character offsets the packer never needs; its bare
    speed is printed as a reference, to show what the packing itself costs). One process on both sides: each
-   packing task (pipelines/pack.py) runs pack_documents on its parts, so tasks scale this figure out.
-2. Loader: trainer.data.MixtureDataset batches (seq 256, 3 sources of SHARDS shards each, read as one stream
+   packing task (pipelines/tokenization/pack.py) runs pack_documents on its parts, so tasks scale this figure out.
+2. Loader: trainer.data.mixture.MixtureDataset batches (seq 256, 3 sources of SHARDS shards each, read as one stream
    per source as the packing tasks write them) per second, against what the demo model
    (Llama-style d=256, 4 layers, seq 256, forward + backward + AdamW step, plain PyTorch) consumes per second
-   on this CPU: under bf16 autocast where the CPU computes bf16 natively, else in fp32 (trainer.precision; an
+   on this CPU: under bf16 autocast where the CPU computes bf16 natively, else in fp32 (trainer.parallel.precision; an
    AVX2-only CPU emulates bf16 ~50x slower, which would measure the emulation, not the model).
 
 Prints the figures, then `loader ratio: X.XX` (target >= 20), then the last line `ratio: X.XX` =
@@ -40,12 +40,12 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from pipelines.shards import iter_documents  # noqa: E402
-from pipelines.packed_format import build_index, write_index  # noqa: E402
-from pipelines.tokenize import PackingConfig, TokenizerConfig, pack_documents, sample_texts, train_tokenizer  # noqa: E402
+from pipelines.tokenization.packed_format import build_index, write_index  # noqa: E402
+from pipelines.tokenization.tokenizer import PackingConfig, TokenizerConfig, pack_documents, sample_texts, train_tokenizer  # noqa: E402
 from storage.manifest import commit_folder  # noqa: E402
-from storage.objects import open_store  # noqa: E402
-from trainer.data import DataConfig, MixtureDataset  # noqa: E402
-from trainer.precision import resolve_precision  # noqa: E402
+from storage.factory import open_store  # noqa: E402
+from trainer.data.mixture import DataConfig, MixtureDataset  # noqa: E402
+from trainer.parallel.precision import resolve_precision  # noqa: E402
 
 BATCH_DOCUMENTS = 1024
 SEQ_LEN = 256

@@ -3,7 +3,7 @@
     .venv/bin/python bench/train_step.py [--steps 10] [--rounds 3] [--d-model 128] [--layers 4] [--seq 64]
                                          [--batch 16] [--two-process] [--smoke]
 
-Model: the Llama-style decoder (trainer.model), by default 4 layers, d=128, 4 heads, seq 64, 16 sequences a
+Model: the Llama-style decoder (trainer.model.transformer), by default 4 layers, d=128, 4 heads, seq 64, 16 sequences a
 step, vocabulary the 8,192 most frequent GPT-2 tokens of tinyshakespeare (../shared/data). Every runner
 draws the same samples from the same source with the same initial weights, in the precision the trainer
 picks on this machine (deepspeed.bf16: auto; the baseline autocasts to bf16 exactly when the trainer runs in
@@ -83,7 +83,7 @@ class Baseline:
     """The baseline: what one would write by hand for the same model (optionally with the document mask)."""
 
     def __init__(self, cfg: RunConfig, source, *, batch: int, bf16: bool, doc_mask: bool):
-        from trainer.model import CausalLM
+        from trainer.model.transformer import CausalLM
         from trainer.optim import param_groups
 
         torch.manual_seed(cfg.seed)
@@ -113,7 +113,7 @@ RECOMPUTE = ("full", "selective")
 
 def kept_activation_bytes(cfg: RunConfig, source, batch: int, bf16: bool, mode: str) -> int:
     """Bytes of the tensors autograd keeps for backward in one forward of the model (parameters not counted)."""
-    from trainer.model import CausalLM
+    from trainer.model.transformer import CausalLM
 
     model = CausalLM(cfg.model.model_copy(update={"activation_checkpointing": mode}))
     params = {p.data_ptr() for p in model.parameters()}

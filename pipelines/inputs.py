@@ -7,7 +7,7 @@
 An input is a `Path` (local) or a URL string (`Input`). S3 goes through s3fs: the endpoint (AWS_ENDPOINT_URL_S3,
 AWS_ENDPOINT_URL: MinIO, moto), credentials and region come from the usual AWS_* variables. A remote input reads
 to the same records, origins included, as the same file on disk: origins use the file name (`input_name`).
-Local paths and globs relative to a recipe's base_dir are pipelines/readers.py's expand_inputs, which calls here
+Local paths and globs relative to a recipe's base_dir are pipelines/ingest/readers.py's expand_inputs, which calls here
 for URLs.
 """
 

@@ -18,7 +18,7 @@ comes from the trainer's <output_dir>/failure.json when it wrote one (moved asid
 from torchrun's failure report (torchrun itself exits 1), else the process's own. A stage may override these
 fields for its launch (`launch(..., settings=)`, a recipe stage's `launch:` in assets/stages.py).
 
-The job outlives the Dagster run that started it (trainer/job.py): the local launchers (python, torchrun,
+The job outlives the Dagster run that started it (trainer/job/detach.py): the local launchers (python, torchrun,
 deepspeed) start the command detached, in a session of its own with its output in <work>/job-<attempt>.log, and
 follow it through files in the work dir (job.json, the Pipes context and messages files, the log, the trainer's
 metrics.jsonl). A run worker that dies (SIGKILL, a restarted daemon, a redeployed code location) leaves the job
@@ -65,14 +65,14 @@ from dagster import (
 )
 
 from resources.slurm import SlurmConfig, pipes_files, sbatch_options, step_command
-# trainer/exits.py and trainer/job.py are torch-free: the launcher never imports torch.
+# trainer/exits.py and trainer/job/detach.py are torch-free: the launcher never imports torch.
 from trainer.exits import DRAIN_ENV, DRAIN_EXIT, FAILURE_FILE, HANG_EXIT, NOT_RESTARTABLE, SDC_EXIT
-from trainer.job import Job, read_job, release, start_job, submit_job, write_job
+from trainer.job.detach import Job, read_job, release, start_job, submit_job, write_job
 
 FOLLOW_POLL_S = 0.2  # how often a followed job's log, and its job.json, are read
 ALIVE_POLL_S = 2.0  # how often whether it still runs is asked (on Slurm: one squeue call)
 HANGS_TO_EXCLUDE = 2  # a node named by this many hangs is left out of the restart (one hang may be the network's)
-JOB_TAG = "pretrain/job"  # the Dagster run's tag naming the training job it follows (trainer/job.py Job.name)
+JOB_TAG = "pretrain/job"  # the Dagster run's tag naming the training job it follows (trainer/job/detach.py Job.name)
 RESTART_LOG = ("attempt", "time", "reason", "excluded", "why")  # what job.json keeps of each restart
 INTERRUPT_GRACE_S = 20.0  # a stopped Dagster run waits this long for the job to drain before it goes
 
@@ -339,7 +339,7 @@ def _free_port() -> int:
 
 
 # Written by the trainer when it fails ({"kind": "hang", "exit_status": 4, "rank": r, "step": s, "host": h,
-# "message": "..."}, trainer/watchdog.py): its exit_status is the one that counts, the kind and message the reason.
+# "message": "..."}, trainer/health/watchdog.py): its exit_status is the one that counts, the kind and message the reason.
 
 
 def _follow(context: AssetExecutionContext, job: Job, work: Path, tail: deque) -> int:

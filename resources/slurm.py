@@ -4,7 +4,7 @@
                      slurm=SlurmConfig(partition="gpu", time="7-00:00:00", gpus_per_node=8, cpus_per_task=64))
 
 The launcher submits the job with `sbatch` (sbatch_options: the allocation) and returns to following it: the
-batch script is trainer/job.py's wrapper, which runs `srun` (step_command) as its child and records the exit status
+batch script is trainer/job/detach.py's wrapper, which runs `srun` (step_command) as its child and records the exit status
 in job.json. So the job belongs to Slurm, not to the Dagster run worker that submitted it: a worker that dies, a
 restarted daemon or a redeployed code location leave it training, and the next launch in the same work dir finds
 it by its Slurm job id and follows it (resources/launcher.py).
@@ -15,7 +15,7 @@ On every node the step's task runs
 The step's variables, not the job's: the step is what the trainer's ranks are.
 
 Pipes across nodes: c10d's rendezvous gives global rank 0 to whichever agent sorts first, so the rank that
-reports (trainer/pipes_report.py: rank 0 only) may run on any node. The launcher therefore puts the Pipes
+reports (trainer/reporting/pipes.py: rank 0 only) may run on any node. The launcher therefore puts the Pipes
 context and message files, job.json and the job's log in the run's work folder (`pipes_files`), which, like the
 venv and the store, must be on a filesystem every node and the submitting host share; the Pipes environment
 variables reach every task through `--export=ALL` on both sbatch and srun.
@@ -41,7 +41,7 @@ class SlurmConfig(Config):
 
 
 def sbatch_options(config: SlurmConfig, nnodes: int) -> list[str]:
-    """sbatch and the allocation's options: nnodes nodes, one task each (trainer/job.py adds the script, its
+    """sbatch and the allocation's options: nnodes nodes, one task each (trainer/job/detach.py adds the script, its
     output and the hold)."""
     if nnodes < 1:
         raise ValueError(f"launcher.nnodes ({nnodes}) must be >= 1")

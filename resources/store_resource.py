@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dagster import ConfigurableResource
 
-from storage.objects import ObjectStore, open_store
+from storage.objects import ObjectStore
+from storage.factory import open_store
 
 
 class StoreResource(ConfigurableResource):

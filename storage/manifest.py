@@ -1,6 +1,6 @@
 """The commit protocol: an output is a folder of objects whose `manifest.json`, written last, commits it.
 
-    from storage.objects import open_store
+    from storage.factory import open_store
     from storage.manifest import commit_folder, read_manifest
     store = open_store("s3://bucket/prefix")          # or a local path / file:// URI
     manifest = commit_folder(store, "curation/web/filtered/9f3c", work_dir, {"asset": ...})

@@ -17,7 +17,6 @@ import hashlib
 import os
 import re
 import secrets
-import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator
@@ -26,7 +25,7 @@ CHUNK = 1 << 20
 # In-progress local writes are named ".<name>.<random>.store-partial" next to their target; list() hides
 # them and keys may not take that shape, so a crashed write can never be mistaken for an object.
 _TMP_SUFFIX = ".store-partial"
-_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 
 @dataclass(frozen=True)
 class ObjectInfo:
@@ -55,7 +54,7 @@ def check_key(key: str, what: str = "key") -> str:
         raise ValueError(f"store {what} {key!r} is absolute; keys are relative to the store root")
     if "\\" in key or "\x00" in key:
         raise ValueError(f"store {what} {key!r} contains a backslash or NUL; keys are POSIX paths")
-    if _SCHEME.match(key) or re.match(r"^[A-Za-z]:", key):
+    if URL_SCHEME.match(key) or re.match(r"^[A-Za-z]:", key):
         raise ValueError(f"store {what} {key!r} looks like a URI or a drive; keys are relative paths")
     parts = key.split("/")
     # "." and "" would alias another key on disk but not on S3 ("a/./b" vs "a/b"); ".." escapes the root.
@@ -181,29 +180,3 @@ class ObjectStore(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
-
-
-def open_store(url: str, **s3_options) -> ObjectStore:
-    """s3://bucket/prefix -> S3Store(url, **s3_options); a path or file:// URI -> LocalStore.
-
-    S3 options are ignored for a local store, so callers can pass one set of settings for either.
-    """
-    url = os.fspath(url)
-    if url.startswith("s3://"):
-        from storage.s3 import S3Store
-
-        return S3Store(url, **s3_options)
-    if url.startswith("file://"):
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.netloc not in ("", "localhost"):
-            raise ValueError(f"a file:// store URL must name a local path (file:///abs/path): {url!r}")
-        from storage.local import LocalStore
-
-        return LocalStore(urllib.parse.unquote(parsed.path))
-    if _SCHEME.match(url):
-        raise ValueError(f"unsupported store URL scheme (use a path, file:// or s3://): {url!r}")
-    if not url:
-        raise ValueError("empty store URL")
-    from storage.local import LocalStore
-
-    return LocalStore(url)

@@ -230,7 +230,7 @@ def s3_proxy(s3) -> TcpProxy:
 
 @pytest.fixture(params=["local", "s3"])
 def store(request, tmp_path):
-    from storage.objects import open_store
+    from storage.factory import open_store
 
     if request.param == "local":
         return open_store(str(tmp_path / "store"))

@@ -1,5 +1,6 @@
-"""The layout's contracts: packages resolve here, engines never import Dagster, packages form no cycle,
-modules stay small or say why, and no file sends a reader outside the repository for its docs."""
+"""The layout's contracts: packages resolve here, engines never import Dagster, neither packages nor modules form
+an import cycle, no folder holds more than 15 modules, modules stay small or say why, and no file sends a reader
+outside the repository for its docs."""
 
 import ast
 import importlib
@@ -11,13 +12,15 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.source_imports import absolute_imports
+from tests.source_imports import absolute_imports, runtime_imports
 
 PACKAGES = ["assets", "pipelines", "resources", "storage", "trainer"]
 # The engines and the store they share run in processes that never load Dagster (trainer ranks, executor
 # workers), so importing any of their modules must not pull it in.
 DAGSTER_FREE = ["pipelines", "storage", "trainer"]
 MAX_LINES = 450
+# A folder is a part; past this many modules it holds several, and its name no longer says which.
+MAX_MODULES_PER_FOLDER = 15
 
 
 def _modules(package: str) -> list[str]:
@@ -92,6 +95,82 @@ def test_packages_import_one_another_without_a_cycle():
     assert edges["storage"] == set()
 
 
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_imports() -> dict[str, set[str]]:
+    """{module: the project's modules it imports at run time}, from every import statement, inside functions too
+    (an import in a function is a circle closed late, not no circle); imports under TYPE_CHECKING are left out."""
+    paths = {_module_name(path): path for path in _source_files()}
+    return {module: {name for name in runtime_imports(path, module) if name in paths and name != module}
+            for module, path in paths.items()}
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted: every import circle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(edges.get(node, ())):
+            if nxt not in index:
+                connect(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            connect(node)
+    return found
+
+
+def test_modules_import_one_another_without_a_circle():
+    edges = _module_imports()
+    assert "storage.factory" in edges["assets.cli"] or any("storage.factory" in e for e in edges.values())
+    assert not _cycles(edges), "module import circles: " + "; ".join(" <-> ".join(c) for c in _cycles(edges))
+
+
+def test_the_cycle_finder_finds_a_circle_closed_inside_a_function(tmp_path):
+    # The finder itself, on a tree of its own: a -> b at the top, b -> a inside a function, c -> a under
+    # TYPE_CHECKING only.
+    (tmp_path / "a.py").write_text("import b\n")
+    (tmp_path / "b.py").write_text("def f():\n    from a import x\n")
+    (tmp_path / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\nimport b\n")
+    edges = {name: {m for m in runtime_imports(tmp_path / f"{name}.py", name) if m in ("a", "b", "c") and m != name}
+             for name in ("a", "b", "c")}
+    assert edges == {"a": {"b"}, "b": {"a"}, "c": {"b"}}
+    assert _cycles(edges) == [["a", "b"]]
+
+
+def test_no_folder_holds_more_than_15_modules():
+    crowded = []
+    for top in [*PACKAGES, "tests", "bench"]:
+        for folder in sorted({p.parent for p in (REPO / top).rglob("*.py")}):
+            count = len(list(folder.glob("*.py")))
+            if count > MAX_MODULES_PER_FOLDER:
+                crowded.append(f"{folder.relative_to(REPO)} ({count} modules)")
+    assert not crowded, f"more than {MAX_MODULES_PER_FOLDER} modules in a folder: {crowded}"
+
+
 def test_long_modules_say_why_in_their_docstring():
     long_without_reason = []
     tests_and_benches = sorted((REPO / "tests").rglob("test_*.py")) + sorted((REPO / "bench").glob("*.py"))
@@ -121,7 +200,7 @@ def test_no_file_points_outside_the_repository_for_docs():
 
 
 def test_every_module_has_its_mirrored_test_file():
-    # tests/ mirrors the packages: trainer/watchdog.py is unit-tested in tests/trainer/test_watchdog.py.
+    # tests/ mirrors the packages: trainer/health/watchdog.py is unit-tested in tests/trainer/health/test_watchdog.py.
     missing = []
     for path in _source_files():
         if path.name in ("__init__.py", "__main__.py"):

@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainer.exits import DRAIN_ENV
-from trainer.guard import SpikeGuard, Verdict
-from trainer.health import LayerHealth
-from trainer.rank_checks import CanaryCheck, DrainRequested, SDCCheck, StragglerCheck, describe
-from trainer.watchdog import StepWatchdog
+from trainer.health.guard import SpikeGuard, Verdict
+from trainer.health.layers import LayerHealth
+from trainer.health.rank_checks import CanaryCheck, DrainRequested, SDCCheck, StragglerCheck, describe
+from trainer.health.watchdog import StepWatchdog
 
 if TYPE_CHECKING:
     from trainer.train import Trainer
@@ -89,7 +89,7 @@ def extra_callbacks() -> list[Callback]:
 
 
 class WatchdogCallback(Callback):
-    """Watches each step from pre_step to post_update (trainer.watchdog); first in the list, so it brackets the rest."""
+    """Watches each step from pre_step to post_update (trainer.health.watchdog); first in the list, so it brackets the rest."""
 
     name = "watchdog"
 
@@ -110,7 +110,7 @@ class WatchdogCallback(Callback):
 
 
 class HealthCallback(Callback):
-    """Per-layer weight, activation and gradient figures every health.interval steps (trainer.health)."""
+    """Per-layer weight, activation and gradient figures every health.interval steps (trainer.health.layers)."""
 
     name = "health"
 
@@ -137,7 +137,7 @@ class HealthCallback(Callback):
 
 
 class StragglerCallback(Callback):
-    """Persistently slow ranks (trainer.rank_checks); with straggler.drain, the run stops to leave one out."""
+    """Persistently slow ranks (trainer.health.rank_checks); with straggler.drain, the run stops to leave one out."""
 
     name = "straggler"
 
@@ -258,7 +258,7 @@ class MetricsCallback(Callback):
 
     def __init__(self):
         self.window: list[dict] = []
-        self.downstream = None  # trainer.evaluate.Downstream, built at the first evaluation (False: off)
+        self.downstream = None  # trainer.evaluation.evaluate.Downstream, built at the first evaluation (False: off)
 
     def post_step(self, trainer, rec):
         cfg, st = trainer.cfg, trainer.state
@@ -299,7 +299,7 @@ class MetricsCallback(Callback):
                 trainer.metrics.log_event({"event": "downstream_off", "reason": f"{' and '.join(missing)} not set"})
                 self.downstream = False
                 return False
-            from trainer.evaluate import Downstream
+            from trainer.evaluation.evaluate import Downstream
 
             encoder = getattr(trainer.train_source, "encoder", None)  # a renumbering source (text, top_tokens)
             if encoder is not None:
@@ -318,7 +318,7 @@ class MetricsCallback(Callback):
 
 
 class CheckpointCallback(Callback):
-    """Saves every checkpoint.interval_steps (or by Young's rule) and at the end (trainer.checkpoint)."""
+    """Saves every checkpoint.interval_steps (or by Young's rule) and at the end (trainer.checkpoint.checkpointer)."""
 
     name = "checkpointer"
 

@@ -152,7 +152,7 @@ class BatchConfig(_Config):
     # over the first ramp_tokens tokens. Multiples keep every step's batch independent of the world size.
     ramp_start: int | None = None
     ramp_tokens: int = 0
-    # Sequence parallelism (DeepSpeed Ulysses, trainer/sequence_parallel.py): every `sequence_parallel`
+    # Sequence parallelism (DeepSpeed Ulysses, trainer/parallel/sequence.py): every `sequence_parallel`
     # consecutive ranks split each sequence of their micro-batch, for contexts one device cannot hold.
     sequence_parallel: int = 1
 
@@ -192,7 +192,7 @@ class BatchConfig(_Config):
 
 
 # Measured with DeepSpeed 0.19.8: 2 tensor-parallel ranks at bf16 ZeRO-0 report a pre-clip norm of 2.11 where the
-# whole model's is 2.49 (first step of tests/trainer/test_tensor_parallel.py's run), and clip by it; ZeRO-1 and 2
+# whole model's is 2.49 (first step of tests/trainer/parallel/test_tensor.py's run), and clip by it; ZeRO-1 and 2
 # give the whole model's.
 TENSOR_BF16_ZERO0 = "DeepSpeed's bf16 ZeRO-0 optimizer does not count the tensor-parallel shards into its gradient norm"
 
@@ -200,11 +200,11 @@ TENSOR_BF16_ZERO0 = "DeepSpeed's bf16 ZeRO-0 optimizer does not count the tensor
 class ParallelConfig(_Config):
     """How the model is split over ranks beyond data parallelism (sequence parallelism is batch.sequence_parallel)."""
 
-    # Pipeline stages (trainer.pipeline, DeepSpeed's PipelineEngine, 1F1B): every `pipeline` ranks hold one copy of
+    # Pipeline stages (trainer.parallel.pipeline, DeepSpeed's PipelineEngine, 1F1B): every `pipeline` ranks hold one copy of
     # the model, the transformer blocks split evenly between them; the micro-batches of a step (global batch /
     # (micro_batch × data-parallel size)) flow through them. 1: no pipeline.
     pipeline: int = 1
-    # Tensor parallelism (trainer.tensor_parallel, DeepSpeed AutoTP): every `tensor` consecutive ranks (one node's
+    # Tensor parallelism (trainer.parallel.tensor, DeepSpeed AutoTP): every `tensor` consecutive ranks (one node's
     # GPUs: it all-reduces twice per block in forward and backward) split each block's projections, attention by
     # heads and the MLP by its hidden units; they read the same samples. 1: none.
     tensor: int = 1
@@ -218,7 +218,7 @@ class ParallelConfig(_Config):
 class DeepSpeedConfig(_Config):
     zero_stage: Literal[0, 1, 2, 3] = 0
     # bf16 weights and activations with fp32 master weights in the optimizer, or fp32 throughout. "auto":
-    # bf16 where the device computes it natively (trainer.precision), fp32 elsewhere; true / false force it.
+    # bf16 where the device computes it natively (trainer.parallel.precision), fp32 elsewhere; true / false force it.
     bf16: bool | Literal["auto"] = "auto"
 
     @field_validator("zero_stage", "bf16", mode="before")
@@ -256,8 +256,8 @@ class GuardConfig(_Config):
                 raise ValueError(f"guard.{name} must be >= 1, got {getattr(self, name)}")
 
 
-# The zero-shot tasks, by lm-evaluation-harness's names: the in-training evaluator (trainer/evaluate.py) and the
-# evaluation assets' lm-eval runs (trainer/harness.py) both know each of them.
+# The zero-shot tasks, by lm-evaluation-harness's names: the in-training evaluator (trainer/evaluation/evaluate.py) and the
+# evaluation assets' lm-eval runs (trainer/evaluation/harness.py) both know each of them.
 ZeroShotTask = Literal["lambada_openai", "hellaswag", "arc_easy", "arc_challenge", "piqa", "winogrande", "boolq", "mmlu"]
 
 
@@ -267,7 +267,7 @@ class MetricsConfig(_Config):
     eval_batches: int = 2  # global batches of held-out data per domain per evaluation
     tensorboard: bool = True
     peak_flops: float | None = None  # overrides the device table for MFU
-    # Zero-shot tasks (trainer.evaluate) every downstream_interval steps and at the end (0 = off), downstream_limit
+    # Zero-shot tasks (trainer.evaluation.evaluate) every downstream_interval steps and at the end (0 = off), downstream_limit
     # items each, from the benchmark folder downstream_benchmarks with data.tokenizer (a training asset gives both).
     downstream_interval: int = Field(0, ge=0)
     downstream_tasks: list[ZeroShotTask] = ["lambada_openai", "hellaswag", "arc_easy", "piqa"]
@@ -282,7 +282,7 @@ class MetricsConfig(_Config):
 
 
 class WatchdogConfig(_Config):
-    """Hangs: a step that does not finish in time ends the job naming the rank and step (trainer.watchdog)."""
+    """Hangs: a step that does not finish in time ends the job naming the rank and step (trainer.health.watchdog)."""
 
     enabled: bool = True
     step_factor: float = 20.0  # timeout = step_factor × the median of the recent step times ...
@@ -300,7 +300,7 @@ class WatchdogConfig(_Config):
 
 
 class SDCConfig(_Config):
-    """Silent data corruption (trainer.rank_checks): every step each rank's own loss and gradient norm
+    """Silent data corruption (trainer.health.rank_checks): every step each rank's own loss and gradient norm
     (before the all-reduce) against the others'; every canary_interval steps a fixed held-out batch."""
 
     enabled: bool = True
@@ -344,7 +344,7 @@ class StragglerConfig(_Config):
 
 
 class HealthConfig(_Config):
-    """Per-layer weight and activation RMS and gradient norms every `interval` steps (trainer.health)."""
+    """Per-layer weight and activation RMS and gradient norms every `interval` steps (trainer.health.layers)."""
 
     interval: int = 100  # 0 = off
     growth: float = 3.0  # flagged: a figure above growth × the median of its recent values
@@ -367,7 +367,7 @@ class CheckpointConfig(_Config):
     mtbf_hours: float | None = None  # automatic interval by Young's rule sqrt(2 · save time · MTBF)
     local_dir: str | None = None  # None = <output_dir>/checkpoints; $VARS are expanded on each rank ($TMPDIR)
     # false: no folder is shared by the nodes (node-local disks): each rank writes its own files under
-    # <local_dir>/rank-<r>/ and uploads them itself, rank 0 commits the step in `remote` (trainer.rank_upload)
+    # <local_dir>/rank-<r>/ and uploads them itself, rank 0 commits the step in `remote` (trainer.checkpoint.rank_upload)
     shared_local_dir: bool = True
     remote: str | None = None  # object-store URL (path, file://, s3://bucket/prefix); None = local only
     run_name: str = "run"
@@ -394,7 +394,7 @@ class CheckpointConfig(_Config):
 
 
 class DataSection(_Config):
-    """Where the tokens come from: packed shards (trainer.data) or, for demos and tests, one text file."""
+    """Where the tokens come from: packed shards (trainer.data.mixture) or, for demos and tests, one text file."""
 
     shards: dict[str, str] = Field(default_factory=dict)  # source name -> packed-shard folder
     weights: dict[str, float] = Field(default_factory=dict)  # source name -> mixture weight
@@ -402,7 +402,7 @@ class DataSection(_Config):
     text: str | None = None  # a plain text file, documents separated by blank lines
     tokenizer: str | None = None  # tokenizer.json for `text`; with shards, the zero-shot evaluations' (metrics)
     val_fraction: float = 0.1  # `text`: the last documents held out for validation
-    top_tokens: int | None = None  # `text`: keep this many token ids (trainer.text_source); None = all
+    top_tokens: int | None = None  # `text`: keep this many token ids (trainer.data.text_source); None = all
 
     def _check(self) -> None:
         if self.text is None and not self.shards:
@@ -460,7 +460,7 @@ class RunConfig(_Config):
             self._check_tensor()
 
     def _check_pipeline(self) -> None:
-        """What the pipeline path (trainer.pipeline) does not do, refused by name rather than run wrongly."""
+        """What the pipeline path (trainer.parallel.pipeline) does not do, refused by name rather than run wrongly."""
         P = self.parallel.pipeline
         refused = [
             (self.model.n_layers < P, f"model.n_layers ({self.model.n_layers}) must be >= parallel.pipeline ({P}): "
@@ -481,7 +481,7 @@ class RunConfig(_Config):
                 raise ValueError(message)
 
     def _check_tensor(self) -> None:
-        """What the tensor-parallel path (trainer.tensor_parallel) does not do, refused by name."""
+        """What the tensor-parallel path (trainer.parallel.tensor) does not do, refused by name."""
         T, m = self.parallel.tensor, self.model
         refused = [
             (m.n_heads % T, f"model.n_heads ({m.n_heads}) must be divisible by parallel.tensor ({T}): each rank "

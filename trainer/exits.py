@@ -5,8 +5,8 @@
     2  CONFIG       a bad config, or a checkpoint this config cannot resume (e.g. another batch.global_batch)
     3  GUARD_STOP   the spike guard stops the run (a rollback with no checkpoint before the spike, or too many
                     skipped steps)
-    4  HANG         the step watchdog ended a hang (trainer.watchdog); a restart resumes
-    5  SDC          one rank gave corrupt figures too often (trainer.rank_checks); restarting on the same node
+    4  HANG         the step watchdog ended a hang (trainer.health.watchdog); a restart resumes
+    5  SDC          one rank gave corrupt figures too often (trainer.health.rank_checks); restarting on the same node
                     cannot help
     6  DRAIN        it stopped (checkpointed) so the launcher restarts it without a straggler's node
     7  STOP         SIGINT or SIGTERM asked it to stop (a stopped Dagster run, scancel, a time limit): it checkpointed

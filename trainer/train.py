@@ -37,23 +37,23 @@ import torch.distributed as torch_dist
 from trainer.callbacks import (Callback, CanaryCallback, CheckpointCallback, GuardCallback, HealthCallback,
                                MetricsCallback, SDCCallback, StepRecord, StragglerCallback, WatchdogCallback,
                                extra_callbacks)
-from trainer.checkpoint import Checkpointer, Contents, check_layout, saved_precision
+from trainer.checkpoint.checkpointer import Checkpointer, Contents, check_layout, saved_precision
 from trainer.config import RunConfig
-from trainer.data import rank_indices
-from trainer.engine import Dist, init_distributed
+from trainer.data.mixture import rank_indices
+from trainer.parallel.engine import Dist, init_distributed
 from trainer.exits import TrainerExit, node_name
-from trainer.guard import GuardStop, RollbackRequested, SpikeGuard, TooManySkips, Verdict
-from trainer.metrics import Metrics, flops_per_token
+from trainer.health.guard import GuardStop, RollbackRequested, SpikeGuard, TooManySkips, Verdict
+from trainer.reporting.metrics import Metrics, flops_per_token
 from trainer.optim import batch_at, lr_at, set_lr
-from trainer.peak import device_peak
-from trainer.precision import Precision, resolve_precision
+from trainer.reporting.peak import device_peak
+from trainer.parallel.precision import Precision, resolve_precision
 from trainer.train_module import TrainModule, gather_floats
-from trainer.watchdog import StepWatchdog
-from trainer.weights import continue_run, continued_step
+from trainer.health.watchdog import StepWatchdog
+from trainer.checkpoint.weights import continue_run, continued_step
 
 
 class BatchSource(Protocol):
-    """trainer.data.MixtureDataset, trainer.text_source.TextSource or anything alike."""
+    """trainer.data.mixture.MixtureDataset, trainer.data.text_source.TextSource or anything alike."""
 
     def batch(self, indices: list[int]) -> dict:  # tokens / doc_ids / positions: (B, T+1) int64
         ...
@@ -63,7 +63,7 @@ def build_sources(cfg: RunConfig) -> tuple[BatchSource, dict[str, BatchSource]]:
     """(training mixture, {domain: held-out source}) from the run's data section."""
     d, T = cfg.data, cfg.batch.seq_len
     if d.text is not None:
-        from trainer.text_source import TextSource, TextSourceConfig
+        from trainer.data.text_source import TextSource, TextSourceConfig
 
         def text(split):
             return TextSource(TextSourceConfig(path=d.text, tokenizer=d.tokenizer, seq_len=T, seed=cfg.seed,
@@ -71,9 +71,9 @@ def build_sources(cfg: RunConfig) -> tuple[BatchSource, dict[str, BatchSource]]:
                                                top_tokens=d.top_tokens))
 
         return text("train"), {"text": text("val")}
-    from trainer.data import DataConfig, MixtureDataset
+    from trainer.data.mixture import DataConfig, MixtureDataset
 
-    from trainer.data import NoDocuments
+    from trainer.data.mixture import NoDocuments
 
     weights = d.weights or {name: 1.0 for name in d.shards}
     train = MixtureDataset(DataConfig(shards=dict(d.shards), weights=weights, seq_len=T, seed=cfg.seed, split="train",
@@ -198,8 +198,8 @@ class Trainer:
             self.checkpointer.check_batch(point, cfg)
         if point is None and cfg.init_from:
             # A new stage continues from the stage before: its weights, a fresh optimizer and schedule.
-            from trainer.checkpoint_store import local_step
-            from trainer.weights import load_initial_weights
+            from trainer.checkpoint.store import local_step
+            from trainer.checkpoint.weights import load_initial_weights
 
             cache = Path(cfg.output_dir) / "init_from"
             if self.dist.rank == 0:
@@ -246,7 +246,7 @@ class Trainer:
         self.module = TrainModule(self.cfg, self.dist,
                                   on_model=lambda model: [cb.model_built(self, model) for cb in self.callbacks])
 
-    # The TrainModule's parts, by their old names (tests, benches, trainer.evaluate).
+    # The TrainModule's parts, by their old names (tests, benches, trainer.evaluation.evaluate).
     model = property(lambda self: self.module.model)
     engine = property(lambda self: self.module.engine)
     optimizer = property(lambda self: self.module.optimizer)
@@ -368,7 +368,7 @@ class Trainer:
         return rec
 
     def _pipeline_step(self, rec: StepRecord, indices: list[int], accum: int, started: float) -> StepRecord:
-        """One step through DeepSpeed's pipeline schedule (trainer.pipeline). Forward, backward and the update are
+        """One step through DeepSpeed's pipeline schedule (trainer.parallel.pipeline). Forward, backward and the update are
         one call there, so what the loop does between backward and update elsewhere (the global loss, the
         pre-update checks) happens in the gate, which every rank's optimizer calls once, after the gradients are
         reduced and before any weight changes."""
@@ -482,7 +482,7 @@ class Trainer:
             cb.post_checkpoint(self, self.state.step)
 
     def checkpoint_contents(self) -> Contents:
-        """What a checkpoint holds (trainer.checkpoint): the module, the named states, the manifest's header."""
+        """What a checkpoint holds (trainer.checkpoint.checkpointer): the module, the named states, the manifest's header."""
         cfg, st = self.cfg, self.state
         header = {"tokens": st.tokens, "global_batch": cfg.batch.global_batch, "data_position": st.sample_index,
                   "stage": cfg.stage, "zero_stage": cfg.deepspeed.zero_stage, "precision": self.precision.record(),

@@ -12,21 +12,18 @@ owns neither weights nor optimizer state; a rollback builds a fresh TrainModule.
 
 from __future__ import annotations
 
-import shutil
-from argparse import Namespace
-from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.distributed as torch_dist
 
-from trainer.async_save import SnapshotEngine
-from trainer.checkpoint_store import CorruptCheckpoint
+from trainer.checkpoint.async_save import SnapshotEngine
+from trainer.checkpoint.store import CorruptCheckpoint
 from trainer.config import RunConfig
-from trainer.engine import Dist, build_engine
-from trainer.health import GradientProbe
-from trainer.model import CausalLM
-from trainer.sequence_parallel import data_parallel, sequence_groups
+from trainer.parallel.engine import Dist, build_engine
+from trainer.health.layers import GradientProbe
+from trainer.model.transformer import CausalLM
+from trainer.parallel.sequence import data_parallel, sequence_groups
 
 
 def to_device(batch: dict, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -64,7 +61,7 @@ class TrainModule:
         # A tensor-parallel group's ranks (consecutive, as a sequence group's) read the same samples too.
         self.dp_rank, self.dp_size = data_parallel(dist.rank, dist.world_size,
                                                    cfg.batch.sequence_parallel * cfg.parallel.tensor)
-        # Pipeline parallelism (trainer.pipeline): DeepSpeed's grid puts rank = stage × dp_size + dp_rank, so the
+        # Pipeline parallelism (trainer.parallel.pipeline): DeepSpeed's grid puts rank = stage × dp_size + dp_rank, so the
         # stages of one pipeline read the same samples.
         self.pipeline = cfg.parallel.pipeline > 1
         if self.pipeline:
@@ -75,7 +72,7 @@ class TrainModule:
         """The engine must know before it is built whether it loads shards of another world size."""
         model = self.model
         if self.pipeline:
-            from trainer.pipeline import pipeline_module
+            from trainer.parallel.pipeline import pipeline_module
 
             model = pipeline_module(self.model, stages=self.cfg.parallel.pipeline)
         self.engine, self.optimizer, self.grad_norm = build_engine(model, self.cfg, self.dist,
@@ -144,10 +141,10 @@ class TrainModule:
             self.engine.train()
         return ce
 
-    # -- DeepSpeed's checkpoint files (trainer.checkpoint lays out the step folder) -----------------
+    # -- DeepSpeed's checkpoint files (trainer.checkpoint.checkpointer lays out the step folder) -----------------
 
     def snapshot(self, folder, tag: str) -> tuple[list, bool]:
-        """This rank's DeepSpeed files for <folder>/<tag>, copied in memory (trainer.async_save), not written."""
+        """This rank's DeepSpeed files for <folder>/<tag>, copied in memory (trainer.checkpoint.async_save), not written."""
         self.engine.checkpoint_engine = snapshots = SnapshotEngine.replacing(self.engine.checkpoint_engine)
         snapshots.take()  # nothing left over from a save that raised half-way
         self.engine.save_checkpoint(str(folder), tag=tag, save_latest=False)
@@ -170,16 +167,3 @@ class TrainModule:
         for state in self.optimizer.state.values():
             if torch.is_tensor(state.get("step")):
                 state["step"] = state["step"].clone()
-
-
-def to_universal(ds_folder: Path, out_folder: Path) -> None:
-    """DeepSpeed's universal checkpoint of one step's shards (ZeRO 1-3 with bf16): per-parameter fp32
-    weights and Adam moments that any world size can load."""
-    from deepspeed.checkpoint import ds_to_universal
-
-    if out_folder.exists():
-        shutil.rmtree(out_folder)
-    # One worker: a process pool forked from a trainer that holds a process group is asking for trouble.
-    args = Namespace(input_folder=str(ds_folder), output_folder=str(out_folder), num_extract_workers=1,
-                     num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=True)
-    ds_to_universal.main(args)

@@ -1,7 +1,7 @@
 """`curation/<source>/decontaminated`: the source's part of the deduplicated output without benchmark text.
 
 Every document sharing an n-gram with a benchmark file the recipe lists is removed (or the span cut out of it,
-pipelines/decontam.py). Output under curation/<source>/decontaminated/<version key>/: per input part of the
+pipelines/decontam/index.py). Output under curation/<source>/decontaminated/<version key>/: per input part of the
 dedup output, part-NNNNN.jsonl.gz (kept) and removed-NNNNN.jsonl.gz (with metadata.contaminated_by), named
 after that part. The benchmark n-gram index is built once per (files, n) and cached under the scratch root (the
 per-source assets share it); the scan runs as the executor resource's tasks, each loading the saved index and
@@ -21,9 +21,9 @@ from assets.curation.checks import benchmark_check, benchmark_check_spec, docume
 from assets.curation.deduplicated import deduplicated_key
 from assets.plots import bar_chart
 from assets.recipe import Recipe, SourceConfig
-from pipelines.decontam import INDEX_FORMAT, BenchmarkIndex, DecontamConfig
-from pipelines.decontam_steps import DecontamShards, decontam_counts, written_files
-from pipelines.readers import expand_inputs
+from pipelines.decontam.index import INDEX_FORMAT, BenchmarkIndex, DecontamConfig
+from pipelines.decontam.steps import DecontamShards, decontam_counts, written_files
+from pipelines.ingest.readers import expand_inputs
 from storage.manifest import data_version_of
 
 

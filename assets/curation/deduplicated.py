@@ -1,10 +1,10 @@
 """`curation/deduplicated`: one global stage over every source of the recipe.
 
-Exact dedup on the normalized text, then MinHash LSH with verified candidates (pipelines/dedup.py), across all
+Exact dedup on the normalized text, then MinHash LSH with verified candidates (pipelines/dedup/minhash.py), across all
 sources, so the same page in two sources is caught. The kept document of each cluster is the one with the
 smallest (source position in the recipe, document id): moving a source up the recipe makes it win ties.
 
-Runs as four datatrove pipelines on the executor resource (pipelines/dedup_stage.py): signatures and removal with
+Runs as four datatrove pipelines on the executor resource (pipelines/dedup/stage.py): signatures and removal with
 executor.tasks_for(input shards) tasks, each streaming its own upstream shards straight from the store (no
 download of the whole input); buckets per band group; clusters in one task over document ids only (its bytes
 per document are the manifest's counts.cluster_bytes_per_document). Each phase logs under work/logs/<phase>, and
@@ -25,8 +25,8 @@ from assets.core.upstream import Output
 from assets.curation.checks import documents_check, documents_check_spec
 from assets.plots import bar_chart, count_table, histogram
 from assets.recipe import Recipe
-from pipelines.dedup_stage import deduplicate
-from pipelines.dedup_steps import Shard
+from pipelines.dedup.stage import deduplicate
+from pipelines.dedup.steps import Shard
 
 # Settings that change how the work is done but never its output: tuning them leaves the asset fresh.
 DEDUP_FIELDS_NOT_VERSIONED = ("batch_shingles", "bucket_docs")

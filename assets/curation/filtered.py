@@ -1,5 +1,5 @@
 """`curation/<source>/filtered`: the source's raw_crawl documents through its recipe `filter` steps
-(pipelines/filters.py), run by the executor resource.
+(pipelines/filters/steps.py), run by the executor resource.
 
 Kept documents are written under the name of the raw part they came from (part-*.jsonl.gz), PII replaced by
 typed placeholders; every dropped document goes to rejected-<step>-<part name> with metadata.filter_reason, and
@@ -22,7 +22,7 @@ from assets.curation.quality_classifier import CLASSIFIER_KEY, MODEL_FILE
 from assets.curation.raw_crawl import raw_crawl_key
 from assets.plots import bar_chart, count_table
 from assets.recipe import DEMO_RECIPE, Recipe, SourceConfig
-from pipelines.filters import PIPELINE_CODE, STEP_CODE, FilterConfig, filter_counts, filter_pipeline
+from pipelines.filters.steps import PIPELINE_CODE, STEP_CODE, FilterConfig, filter_counts, filter_pipeline
 
 
 
@@ -64,10 +64,10 @@ def filter_code(config: FilterConfig) -> list[str]:
         if getattr(config, step) is not None:
             names += code
     own = [name for name in names if ":" not in name]
-    refs = [f"pipelines.filters:{','.join(own)}", "pipelines.shards", "pipelines.runner"]
-    refs += [f"pipelines.{name}" for name in names if ":" in name]  # e.g. filter_config:DEFAULT_STOP_WORDS
+    refs = [f"pipelines.filters.steps:{','.join(own)}", "pipelines.shards", "pipelines.runner"]
+    refs += [f"pipelines.{name}" for name in names if ":" in name]  # e.g. filters.config:DEFAULT_STOP_WORDS
     if config.quality_model is not None:
-        refs.append("pipelines.quality_model")
+        refs.append("pipelines.filters.quality")
     return refs
 
 

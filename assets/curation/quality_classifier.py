@@ -12,7 +12,7 @@ from assets.core.versioning import file_fingerprints
 from assets.curation.raw_crawl import raw_crawl_key
 from assets.recipe import Recipe
 from pipelines.shards import iter_documents
-from pipelines.quality_model import QualityClassifierConfig, read_labelled, train_quality_classifier
+from pipelines.filters.quality import QualityClassifierConfig, read_labelled, train_quality_classifier
 
 CLASSIFIER_KEY = AssetKey(["curation", "quality_classifier"])
 MODEL_FILE = "model.npy"

@@ -3,7 +3,7 @@ URLs such as s3://bucket/crawl/*.warc.gz) normalized to datatrove documents, eve
 written, skipped by nature (e.g. WARC request records), or bad by reason (and listed in rejected-NNNNN.jsonl.gz
 beside the parts).
 
-The stage is pipelines/ingest.py's IngestStep run by the executor resource, one task per input file unless the
+The stage is pipelines/ingest/step.py's IngestStep run by the executor resource, one task per input file unless the
 resource says otherwise (its outputs are named after the input files, so the task count never changes them);
 the counts come from the run's merged datatrove stats. Resumable: a re-materialization after a kill runs only
 the tasks that had not finished.
@@ -24,7 +24,7 @@ from assets.core.upstream import Output
 from assets.core.versioning import file_fingerprints
 from assets.plots import bar_chart, count_table
 from assets.recipe import Recipe, SourceConfig
-from pipelines.ingest import BadInputError, check_bad_fraction, ingest_pipeline, ingest_stats
+from pipelines.ingest.step import BadInputError, check_bad_fraction, ingest_pipeline, ingest_stats
 
 
 def raw_crawl_key(source_name: str) -> AssetKey:

@@ -2,9 +2,9 @@
 
 Per-domain validation loss on every source's held-out packed split and the loss of a fixed canary text (comparable
 across stages and runs), then lm-evaluation-harness's zero-shot tasks on the checkpoint exported to Hugging Face
-format (trainer/harness.py): lm-eval's results JSON is the asset's metadata, with lm-eval's markdown table and a
+format (trainer/evaluation/harness.py): lm-eval's results JSON is the asset's metadata, with lm-eval's markdown table and a
 plot of each task's headline metric (with its standard error) over the stages this one descends from, read from
-their evaluations (main -> anneal: what the anneal changed). It runs `python -m trainer.evaluate` through the
+their evaluations (main -> anneal: what the anneal changed). It runs `python -m trainer.evaluation.evaluate` through the
 launcher resource, so this module never imports torch. Driven by the recipe's `evaluation` section.
 """
 
@@ -20,7 +20,7 @@ from assets.recipe import Recipe
 from assets.tokenization.tokenizer import TOKENIZER_FILE
 from assets.training.inputs import packed_keys, training_inputs
 from assets.training.stage import stage_key
-from trainer.checkpoint_store import local_copy
+from trainer.checkpoint.store import local_copy
 
 RESULTS_FILE = "results.json"
 HF_CACHE = "hf-datasets"  # in the scratch root: the benchmark files' datasets cache, shared by every evaluation
@@ -73,7 +73,7 @@ def _evaluation_asset(recipe: Recipe, stage: str):
         scratch = Path(inputs.resources.scratch.root)
         step_folder = local_copy(store, checkpoint, scratch / "checkpoint-cache" / checkpoint.rpartition("/")[0])
         [tokenizer] = found.tokenizer.download(store, work / "tokenizer", TOKENIZER_FILE)
-        args = ["-m", "trainer.evaluate", "--checkpoint", str(step_folder), "--tokenizer", str(tokenizer),
+        args = ["-m", "trainer.evaluation.evaluate", "--checkpoint", str(step_folder), "--tokenizer", str(tokenizer),
                 "--benchmarks", str(recipe.input_root / config.benchmarks), "--tasks", ",".join(config.tasks),
                 "--val-sequences", str(config.val_sequences), "--canary-sequences", str(config.canary_sequences),
                 "--work", str(work / "lm-eval"), "--hf-cache", str(scratch / HF_CACHE),

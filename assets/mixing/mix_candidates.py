@@ -1,5 +1,5 @@
 """`mixing/mix_candidates`: every candidate mixture the sweep has drawn so far under the recipe's draw settings,
-drawn around the prior (trainer/mixing.py); registers one dynamic partition of mix_sweep per new candidate
+drawn around the prior (trainer/data/mixing.py); registers one dynamic partition of mix_sweep per new candidate
 (partition key = the mixture's name).
 
 Each materialization adds one draw to those before it: the scheduled tick named by the run's TICK_TAG (the
@@ -27,7 +27,7 @@ from assets.mixing.section import (
     write_result,
 )
 from assets.recipe import Recipe
-from trainer.mixing import candidate_mixtures, mixture_name
+from trainer.data.mixing import candidate_mixtures, mixture_name
 
 
 def mix_candidates_asset(recipe: Recipe):

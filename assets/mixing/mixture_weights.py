@@ -5,7 +5,7 @@ runs have finished; a training stage reads the chosen weights, with their data v
 A candidate whose run has not finished (or failed) is left out and named ("pending"), as is one whose latest
 result came from another proxy (a changed `mixing.proxy` until the sweep reruns): runs of different proxies
 are not comparable. With fewer runs than the quadratic model's features the fit falls back to the linear
-model (trainer/mixing.py choose_model): a warning in the log and `fit_warning` in the metadata say so."""
+model (trainer/data/mixing.py choose_model): a warning in the log and `fit_warning` in the metadata say so."""
 
 from pathlib import Path
 
@@ -24,7 +24,7 @@ from assets.mixing.section import (
 )
 from assets.plots import bar_chart
 from assets.recipe import Recipe
-from trainer.mixing import best_mixture, fit_mixture_regression
+from trainer.data.mixing import best_mixture, fit_mixture_regression
 
 
 def mixture_weights_asset(recipe: Recipe):

@@ -1,7 +1,7 @@
 """`tokenization/<source>/packed`: the source's documents encoded with the tokenizer, EOS after each, as train / val
-token streams with document offsets, one shard per input part (pipelines/pack.py, layout in
-pipelines/packed_format.py), packed by the executor resource's tasks, then indexed by one small task. The
-manifest's "packing" section is that index (what trainer/data.py opens), and its "counts" give tokens and
+token streams with document offsets, one shard per input part (pipelines/tokenization/pack.py, layout in
+pipelines/tokenization/packed_format.py), packed by the executor resource's tasks, then indexed by one small task. The
+manifest's "packing" section is that index (what trainer/data/mixture.py opens), and its "counts" give tokens and
 documents per split, from the packing tasks' stats.
 """
 
@@ -18,9 +18,9 @@ from assets.core.upstream import Output
 from assets.plots import bar_chart
 from assets.recipe import Recipe
 from assets.tokenization.tokenizer import TOKENIZER_FILE, tokenizer_key
-from pipelines.pack import PackIndex, PackShards, shard_name, split_counts
+from pipelines.tokenization.pack import PackIndex, PackShards, shard_name, split_counts
 from pipelines.runner import stat_totals
-from pipelines.packed_format import INDEX_FILE
+from pipelines.tokenization.packed_format import INDEX_FILE
 
 # Settings that change how the work is done but never its output (packing is batch-size independent).
 PACKING_FIELDS_NOT_VERSIONED = ("batch_documents", "batch_bytes")

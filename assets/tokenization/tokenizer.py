@@ -3,7 +3,7 @@ the tokenizer.json the recipe names (`tokenizer.path`), with EOS and PAD. Output
 records its sha256, the special tokens and their ids.
 
 The sample is drawn by the executor resource's tasks, each streaming its share of the sources' committed parts
-from the store and keeping each part's bottom sample (pipelines/pack.py SampleShards); the parts' samples are
+from the store and keeping each part's bottom sample (pipelines/tokenization/pack.py SampleShards); the parts' samples are
 merged into the sample one pass over each whole source would draw (bounded by `sample_bytes`), so neither the
 task count nor the parts' split changes the tokenizer.
 
@@ -28,9 +28,9 @@ from assets.core.lineage import SEARCH_LIMIT
 from assets.core.upstream import Output
 from assets.core.versioning import file_fingerprints
 from assets.recipe import Recipe
-from pipelines.pack import SampleShards, merged_sample
+from pipelines.tokenization.pack import SampleShards, merged_sample
 from pipelines.runner import stat_totals
-from pipelines.tokenize import adopt_tokenizer, round_trip_failures, special_ids, train_tokenizer
+from pipelines.tokenization.tokenizer import adopt_tokenizer, round_trip_failures, special_ids, train_tokenizer
 from storage.manifest import read_manifest
 
 TOKENIZER_FILE = "tokenizer.json"

@@ -2,7 +2,7 @@
 
 Run monitoring (assets/home.py) marks a run failed when its worker dies (a restarted daemon, a redeployed code
 location, a host that killed it), but only the Kubernetes, ECS or Docker run launchers can resume it. The training
-job goes on without the run (trainer/job.py), so this sensor resumes it the one way that works everywhere: for a
+job goes on without the run (trainer/job/detach.py), so this sensor resumes it the one way that works everywhere: for a
 failed run of a training stage whose job, the one its `pretrain/job` tag names, is still alive, it requests the
 same assets again; the new run's launcher finds the job in the work dir (the run's `pretrain/job_work` tag) and
 follows it instead of starting a second trainer. A run whose job ended, or that failed for a reason of its own
@@ -26,7 +26,7 @@ from dagster import (
 )
 
 from resources.launcher import JOB_TAG
-from trainer.job import read_job
+from trainer.job.detach import read_job
 
 FOLLOWS_TAG = "pretrain/follows"  # on the new run: the failed run whose job it follows
 LOOK_BACK_RUNS = 100  # failed runs looked at per evaluation, newest first

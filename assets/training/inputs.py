@@ -1,7 +1,7 @@
 """What a training asset hands the trainer: local folders of the packed outputs, the tokenizer, the lineage.
 
     inputs = training_inputs(context, store, scratch, sources=["web", "code"])
-    inputs.folders        # {"web": Path(...), ...}: packed outputs as trainer/data.py opens them
+    inputs.folders        # {"web": Path(...), ...}: packed outputs as trainer/data/mixture.py opens them
     inputs.lineage        # records from these outputs back to every raw source (assets/core/lineage.py)
     inputs.upstream       # {asset: data_version} of the packed outputs and the tokenizer (for version keys)
 

@@ -119,7 +119,7 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, start_from: tuple[st
                "tokenizer_sha256": found.tokenizer_sha256, "lineage": inputs.manifest["lineage"],
                **inputs.extra["begin"]}
         if run_settings.get("metrics", {}).get("downstream_interval"):
-            # Zero-shot tasks during training (trainer.evaluate): the recipe's benchmark folder, this tokenizer.
+            # Zero-shot tasks during training (trainer.evaluation.evaluate): the recipe's benchmark folder, this tokenizer.
             [tokenizer] = found.tokenizer.download(inputs.store, work / "tokenizer", TOKENIZER_FILE)
             run["metrics"] = {**run_settings["metrics"],
                               "downstream_benchmarks": str(recipe.input_root / recipe.evaluation.benchmarks)}

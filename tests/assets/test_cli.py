@@ -152,7 +152,7 @@ def test_materialize_starts_the_local_helpers_before_dagster_loads(monkeypatch, 
 def test_jobs_and_status_show_every_restart_and_left_out_node_from_the_jobs_files(pretrain_home, capsys):
     """`pretrain jobs` and `pretrain status` read a training job's restarts and excluded nodes from its job.json
     (the launcher writes them there), so they show them while the job runs, with no Dagster run following it."""
-    from trainer.job import Job, write_job
+    from trainer.job.detach import Job, write_job
 
     work = pretrain_home / "work" / "training" / "main" / "abc123"
     work.mkdir(parents=True)

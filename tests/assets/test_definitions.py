@@ -114,19 +114,19 @@ def test_editing_one_filter_step_makes_stale_only_the_filtered_sources_that_use_
             for step in ("code", "quality_model", "pii")}
     assert uses["code"] == {"curation/code/filtered"}
     assert uses["quality_model"] == {f"curation/{name}/filtered" for name in ("web", "cc", "cc_wet")}
-    assert changed_by_edit(tmp_path / "code", "pipelines.filters", 'return False, "code_long_line"',
+    assert changed_by_edit(tmp_path / "code", "pipelines.filters.steps", 'return False, "code_long_line"',
                            'return False, "code_too_long_line"') == uses["code"]
-    assert changed_by_edit(tmp_path / "model", "pipelines.filters", "doc.metadata[\"quality_score\"] = round(score, 4)",
+    assert changed_by_edit(tmp_path / "model", "pipelines.filters.steps", "doc.metadata[\"quality_score\"] = round(score, 4)",
                            "doc.metadata[\"quality_score\"] = round(score, 3)") == uses["quality_model"]
-    assert changed_by_edit(tmp_path / "pii", "pipelines.filters", "return 8 <= sum(ch.isdigit() for ch in text) <= 15",
+    assert changed_by_edit(tmp_path / "pii", "pipelines.filters.steps", "return 8 <= sum(ch.isdigit() for ch in text) <= 15",
                            "return 7 <= sum(ch.isdigit() for ch in text) <= 15") == uses["pii"]
 
 
 def test_editing_engine_code_makes_stale_the_assets_that_run_it_and_never_the_kept_tokenizer(tmp_path):
     recipe = load_recipe(DEMO_RECIPE)
     packed = {f"tokenization/{s.name}/packed" for s in recipe.sources}
-    # pipelines/pack.py packs the shards and draws the tokenizer's sample: the tokenizer is kept all the same.
-    assert changed_by_edit(tmp_path / "pack", "pipelines.pack", "", "\nEDITED = True\n") == packed
+    # pipelines/tokenization/pack.py packs the shards and draws the tokenizer's sample: the tokenizer is kept all the same.
+    assert changed_by_edit(tmp_path / "pack", "pipelines.tokenization.pack", "", "\nEDITED = True\n") == packed
     # The trainer runs in a process of its own (python -m trainer): every stage, evaluation and proxy run uses it.
     changed = changed_by_edit(tmp_path / "trainer", "trainer.train", "", "\nEDITED = True\n")
     training = {f"training/{name}" for name in _stage_names()} | {f"evaluation/{name}" for name in _stage_names()}

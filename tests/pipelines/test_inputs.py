@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.inputs import as_input, expand_remote, input_info, input_name, open_input
-from pipelines.readers import expand_inputs
+from pipelines.ingest.readers import expand_inputs
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 CRAWL = DATA / "crawl"

@@ -16,8 +16,8 @@ from resources.launcher import LauncherResource
 from tests.conftest import REPO
 from tests.trainer.conftest import run_dict
 from tests.trainer.faults import fault_env
-from trainer.checkpoint_store import LocalCheckpoints
-from trainer.job import read_job
+from trainer.checkpoint.store import LocalCheckpoints
+from trainer.job.detach import read_job
 
 
 def test_commands_for_each_launcher(tmp_path):

@@ -30,8 +30,8 @@ from tests.conftest import REPO
 from tests.ports import free_port
 from tests.trainer.conftest import run_dict
 from tests.trainer.faults import fault_env
-from trainer.checkpoint_store import LocalCheckpoints, step_name
-from trainer.job import read_job
+from trainer.checkpoint.store import LocalCheckpoints, step_name
+from trainer.job.detach import read_job
 
 
 def test_the_sbatch_options_the_srun_step_and_each_nodes_torchrun(tmp_path):
@@ -235,7 +235,7 @@ def _train_steps(output_dir) -> list[dict]:
 
 
 def _final_weights(output_dir):
-    from trainer.weights import checkpoint_weights
+    from trainer.checkpoint.weights import checkpoint_weights
 
     final = LocalCheckpoints(output_dir / "checkpoints").committed()[-1]
     return final, checkpoint_weights(output_dir / "checkpoints" / step_name(final))[0]

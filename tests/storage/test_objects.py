@@ -11,7 +11,7 @@ import pytest
 
 from storage.local import LocalStore
 from storage.manifest import read_manifest
-from storage.objects import ObjectInfo, ObjectNotFoundError, open_store
+from storage.objects import ObjectInfo, ObjectNotFoundError
 from storage.s3 import S3Store
 
 from tests.storage.store_helpers import MiB, sha
@@ -150,18 +150,6 @@ def test_download_replaces_an_existing_file(store, tmp_path):
     out.write_bytes(b"old content")
     store.download("k", out)
     assert out.read_bytes() == b"new" and os.listdir(tmp_path).count("out.bin") == 1
-
-
-def test_open_store_picks_the_backend(tmp_path, s3):
-    assert isinstance(open_store(str(tmp_path)), LocalStore)
-    local = open_store(f"file://{tmp_path}/x")
-    assert isinstance(local, LocalStore) and local.url == str((tmp_path / "x").resolve())
-    remote = open_store(f"s3://{s3.bucket}/a/b/", max_attempts=2)
-    assert isinstance(remote, S3Store) and remote.url == f"s3://{s3.bucket}/a/b" and remote.max_attempts == 2
-    assert open_store(f"s3://{s3.bucket}").uri("k") == f"s3://{s3.bucket}/k"
-    for bad in ("gs://bucket/x", "s3://", "s3:///x", "s3://bucket/../x", ""):
-        with pytest.raises(ValueError):
-            open_store(bad)
 
 
 # --- S3 only -----------------------------------------------------------------------------------------

@@ -141,9 +141,9 @@ class Faults(Callback):
 
 def _delay_checkpoint_writes(seconds: float) -> None:
     """Every rank's background writer sleeps after writing DeepSpeed's shards (the one write_files call with
-    zipfile_serialization, trainer.checkpoint.Checkpointer.save) and before the RNG file, the trainer state
+    zipfile_serialization, trainer.checkpoint.checkpointer.Checkpointer.save) and before the RNG file, the trainer state
     and its done marker, so a kill lands while step-<N>.partial holds shards but cannot yet be committed."""
-    import trainer.checkpoint as checkpoint
+    import trainer.checkpoint.checkpointer as checkpoint
 
     write_files = checkpoint.write_files
 

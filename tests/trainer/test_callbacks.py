@@ -7,7 +7,7 @@ import pytest
 
 from trainer.callbacks import CALLBACKS_ENV, GuardCallback, MetricsCallback, SDCCallback, StepRecord, extra_callbacks
 from trainer.config import GuardConfig, MetricsConfig, SDCConfig
-from trainer.guard import RollbackRequested, SpikeGuard, Verdict
+from trainer.health.guard import RollbackRequested, SpikeGuard, Verdict
 
 
 class Log:
@@ -25,7 +25,7 @@ def test_extra_callbacks_by_file_path_or_module(tmp_path, monkeypatch):
     # A dataclass: the loaded module must be in sys.modules while it runs.
     (tmp_path / "mine.py").write_text("from dataclasses import dataclass\n\n\n@dataclass\nclass Mine:\n"
                                       "    name: str = 'mine'\n")
-    monkeypatch.setenv(CALLBACKS_ENV, f"{tmp_path / 'mine.py'}:Mine, trainer.metrics:MetricsCallbackMissing")
+    monkeypatch.setenv(CALLBACKS_ENV, f"{tmp_path / 'mine.py'}:Mine, trainer.reporting.metrics:MetricsCallbackMissing")
     with pytest.raises(AttributeError, match="MetricsCallbackMissing"):
         extra_callbacks()
     monkeypatch.setenv(CALLBACKS_ENV, f"{tmp_path / 'mine.py'}:Mine,trainer.callbacks:MetricsCallback")

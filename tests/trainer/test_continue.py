@@ -1,5 +1,5 @@
 """continue_from: a stage that continues another run (weights, Adam's moments, step and token count, the LR
-schedule going on), as a WSD anneal branches off the stable phase of the main run (trainer.weights.continue_run,
+schedule going on), as a WSD anneal branches off the stable phase of the main run (trainer.checkpoint.weights.continue_run,
 trainer.optim.lr_at)."""
 
 from __future__ import annotations

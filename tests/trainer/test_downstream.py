@@ -14,10 +14,10 @@ DOWNSTREAM = {"downstream_interval": 2, "downstream_tasks": ["lambada_openai", "
 
 @pytest.mark.slow  # a DeepSpeed engine, 5 steps and 3 evaluations
 def test_zero_shot_records_every_interval_and_at_the_end_as_the_evaluator_scores_the_weights(tmp_path):
-    from trainer.evaluate import zero_shot
-    from trainer.model import Transformer
+    from trainer.evaluation.evaluate import zero_shot
+    from trainer.model.transformer import Transformer
     from trainer.train import Trainer
-    from trainer.weights import checkpoint_weights
+    from trainer.checkpoint.weights import checkpoint_weights
 
     # fp32 ZeRO-0: the checkpoint's weights are exactly those the last evaluation ran on.
     cfg = from_dict(RunConfig, run_dict(tmp_path / "out", train_tokens=5 * 8 * 64, deepspeed={"zero_stage": 0, "bf16": False},
@@ -64,7 +64,7 @@ def test_without_the_benchmark_folder_the_run_goes_on_and_says_so_once(tmp_path)
 
 def test_the_renumbering_encoder_gives_the_ids_the_model_was_trained_on():
     from tests.trainer.conftest import TEXT, TOKENIZER, TOP_TOKENS
-    from trainer.text_source import TextSource, TextSourceConfig
+    from trainer.data.text_source import TextSource, TextSourceConfig
 
     source = TextSource(TextSourceConfig(path=str(TEXT), tokenizer=str(TOKENIZER), seq_len=64, top_tokens=TOP_TOKENS))
     first = TEXT.read_text(encoding="utf-8").split("\n\n")[0].strip()

@@ -36,9 +36,9 @@ def test_a_failure_names_slurms_node_where_there_is_one(monkeypatch):
 
 
 def test_each_stop_the_trainer_raises_says_its_status():
-    from trainer.checkpoint import ResumeRefused
-    from trainer.guard import GuardStop, RollbackRequested, TooManySkips
-    from trainer.rank_checks import DrainRequested, SDCStop
+    from trainer.checkpoint.checkpointer import ResumeRefused
+    from trainer.health.guard import GuardStop, RollbackRequested, TooManySkips
+    from trainer.health.rank_checks import DrainRequested, SDCStop
 
     assert GuardStop("x").exit_status == TooManySkips("x").exit_status == GUARD_EXIT
     assert RollbackRequested("x", skip_window=(1, 2)).exit_status == GUARD_EXIT

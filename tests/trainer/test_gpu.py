@@ -15,7 +15,7 @@ import torch
 from tests.conftest import REPO
 from tests.trainer.conftest import read_metrics, write_run
 from trainer.config import ModelConfig
-from trainer.model import Transformer
+from trainer.model.transformer import Transformer
 
 pytestmark = pytest.mark.gpu
 
@@ -53,7 +53,7 @@ def test_bf16_training_on_cuda_with_nccl(tmp_path):
 def test_compiled_blocks_give_the_eager_models_loss_and_gradients_and_keep_parameter_names():
     torch.manual_seed(0)
     cfg = ModelConfig(**{**CFG.__dict__, "attention": "flex", "activation_checkpointing": "selective"})
-    from trainer.model import CausalLM
+    from trainer.model.transformer import CausalLM
 
     eager, compiled = CausalLM(cfg).cuda(), CausalLM(cfg).cuda()
     compiled.load_state_dict(eager.state_dict())

@@ -224,7 +224,7 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step_checkpointed_
     assert failure["kind"] == "stopped" and failure["exit_status"] == 7
     [stopped] = [r for r in read_metrics(out) if r.get("event") == "stopped"]
     assert stopped["ranks"] == [1] and 3 <= stopped["step"] < 16
-    from trainer.checkpoint_store import LocalCheckpoints
+    from trainer.checkpoint.store import LocalCheckpoints
 
     assert LocalCheckpoints(out / "checkpoints").committed()[-1] == stopped["step"]  # checkpointed where it stopped
 

@@ -34,7 +34,7 @@ from assets.cli import main
 from assets.home import ensure_dagster_home, store_url
 from assets.recipe import DEMO_RECIPE
 from storage.manifest import read_manifest
-from storage.objects import open_store
+from storage.factory import open_store
 from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from assets.definitions import build_resources
 from assets.core.lineage import cross_check, find_output, lineage
 from assets.recipe import DEMO_RECIPE
 from assets.core.upstream import latest_output
-from trainer.checkpoint_store import LocalCheckpoints
+from trainer.checkpoint.store import LocalCheckpoints
 
 
 def write_recipe(path, max_non_alpha: float):

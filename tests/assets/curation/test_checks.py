@@ -23,8 +23,8 @@ from assets.curation.checks import (BENCHMARK_CHECK, DOCUMENTS_CHECK, UNIQUE_IDS
                                     language_counts, read_documents, seeded_sample, validate_documents)
 from assets.cli import main
 from assets.recipe import DEMO_RECIPE, ChecksConfig
-from pipelines.decontam import BenchmarkIndex
-from pipelines.filters import CodeConfig, FilterConfig, LanguageConfig, PiiConfig
+from pipelines.decontam.index import BenchmarkIndex
+from pipelines.filters.steps import CodeConfig, FilterConfig, LanguageConfig, PiiConfig
 from storage.local import LocalStore
 
 SOURCE = "pages"

@@ -20,8 +20,8 @@ from tokenizers import Tokenizer
 
 from assets.cli import main
 from assets.recipe import DEMO_RECIPE
-from pipelines.tokenize import PackingConfig, is_val
-from trainer.data import PackedSource
+from pipelines.tokenization.tokenizer import PackingConfig, is_val
+from trainer.data.mixture import PackedSource
 
 SOURCE = "pages"
 CLEAN_ID = "guardian-0"  # a long Guardian article: English prose, no PII pattern, no benchmark text

@@ -166,10 +166,10 @@ def test_the_stages_write_nested_source_parts_to_s3(tmp_path, monkeypatch, capsy
 
 @pytest.mark.slow  # materializes raw_crawl and filtered of two sources, then deduplicated twice
 def test_a_killed_dedup_materialized_again_runs_only_the_unfinished_tasks(tmp_path, monkeypatch, capfd, shared_data):
-    from pipelines.dedup_clusters import DedupRemoval
-    from pipelines.dedup_stage import deduplicate
+    from pipelines.dedup.clusters import DedupRemoval
+    from pipelines.dedup.stage import deduplicate
     from pipelines.runner import LocalRunner
-    from pipelines.dedup_steps import Shard
+    from pipelines.dedup.steps import Shard
 
     mirror = tmp_path / "mirror.jsonl"
     make_mirror(mirror, shared_data)

@@ -15,7 +15,7 @@ from assets.core.factory import Inputs
 from assets.core.upstream import Output
 from assets.core.versioning import code_version
 from assets.recipe import DEMO_RECIPE, Recipe, load_recipe
-from pipelines.quality_model import QualityClassifierConfig
+from pipelines.filters.quality import QualityClassifierConfig
 
 
 def spec_of(monkeypatch, recipe, config):

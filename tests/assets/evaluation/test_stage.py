@@ -1,5 +1,5 @@
 """assets/evaluation/stage.py: one evaluation per training stage of the demo recipe (key, reads, deps, section),
-the `python -m trainer.evaluate` command its build hands the launcher, found with a launcher that records it, and
+the `python -m trainer.evaluation.evaluate` command its build hands the launcher, found with a launcher that records it, and
 the metadata it makes of lm-eval's results."""
 
 from pathlib import Path
@@ -74,7 +74,7 @@ def test_prepare_and_the_evaluate_command(monkeypatch, tmp_path):
     def value(flag):
         return args[args.index(flag) + 1]
 
-    assert args[:2] == ["-m", "trainer.evaluate"]
+    assert args[:2] == ["-m", "trainer.evaluation.evaluate"]
     assert value("--checkpoint") == str(tmp_path / "store" / checkpoint["prefix"])  # a local store: in place
     assert Path(value("--tokenizer")).read_text() == "{}" and value("--tokenizer").endswith("tokenizer.json")
     assert value("--benchmarks") == str(recipe.input_root / recipe.evaluation.benchmarks)

@@ -12,8 +12,8 @@ from dagster import AssetKey, DagsterInstance
 from assets.cli import main
 from assets.recipe import DEMO_RECIPE
 from pipelines.shards import iter_documents
-from pipelines.tokenize import PackingConfig, is_val
-from trainer.data import DataConfig, MixtureDataset, PackedSource
+from pipelines.tokenization.tokenizer import PackingConfig, is_val
+from trainer.data.mixture import DataConfig, MixtureDataset, PackedSource
 
 SOURCES = ("math", "code")
 

@@ -10,8 +10,8 @@ from dagster import (AssetExecutionContext, DagsterInstance, Failure, RunRequest
                      materialize)
 
 from assets.training.follow import FOLLOWS_TAG, follow_requests
-from tests.trainer.test_job import wait_until_ended
-from trainer.job import read_job, start_job
+from tests.trainer.job.test_detach import wait_until_ended
+from trainer.job.detach import read_job, start_job
 
 
 def _failed_run(instance, name: str, tags: dict) -> str:

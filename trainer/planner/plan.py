@@ -1,0 +1,401 @@
+"""Back-of-the-envelope sizing of a training run, before any GPU is rented.
+
+    from trainer.planner.plan import ModelShape, Layout, plan
+    p = plan(ModelShape.from_dict({...}), tokens=2e12, layout=Layout(dp=64, zero=3), device="h100", mfu=0.4)
+
+Pure arithmetic (no torch): parameter count of the Llama layout, training FLOPs with the attention
+term, GPU-hours at a given MFU, model-state memory per GPU for a (tp, pp, dp, ZeRO) layout, the
+pipeline bubble and Young's checkpoint interval. `pretrain plan` prints these for each training stage.
+Memory is decimal (1 GB = 1e9 bytes), as the device datasheets state it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+# Mixed-precision Adam keeps, per parameter: bf16 weights (2) + bf16 grads (2) + fp32 master weights,
+# momentum and variance (4 + 4 + 4 = 12). ZeRO-1 shards the 12, ZeRO-2 also the grads, ZeRO-3 everything.
+WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
+STATE_BYTES_PER_PARAM = WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES
+
+
+@dataclass(frozen=True, kw_only=True)
+class Device:
+    name: str
+    peak_flops: float  # dense bf16 FLOP/s, no sparsity
+    memory_bytes: float
+
+
+DEVICES = {
+    "h100": Device(name="H100", peak_flops=989e12, memory_bytes=80e9),
+    "h200": Device(name="H200", peak_flops=989e12, memory_bytes=141e9),
+    "a100": Device(name="A100 80GB", peak_flops=312e12, memory_bytes=80e9),
+    "a100-40gb": Device(name="A100 40GB", peak_flops=312e12, memory_bytes=40e9),
+}
+
+
+def get_device(name: str | Device) -> Device:
+    if isinstance(name, Device):
+        return name
+    try:
+        return DEVICES[name.lower()]
+    except KeyError:
+        raise ValueError(f"device: unknown {name!r}; known devices are {', '.join(DEVICES)}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelShape:
+    """The numbers that decide a Llama-style model's size and cost (names as in the Llama papers)."""
+
+    layers: int
+    d_model: int
+    d_ff: int  # SwiGLU hidden width
+    heads: int
+    kv_heads: int | None = None  # grouped-query attention; None means as many as `heads`
+    vocab: int
+    seq_len: int
+    tied_embeddings: bool = False
+    qk_norm: bool = False  # one RMSNorm gain of head_dim each on queries and keys, per layer
+
+    def __post_init__(self):
+        for field in ("layers", "d_model", "d_ff", "heads", "vocab", "seq_len"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"model.{field}: must be a positive integer, got {value!r}")
+        if self.kv_heads is not None and (isinstance(self.kv_heads, bool) or not isinstance(self.kv_heads, int) or self.kv_heads <= 0):
+            raise ValueError(f"model.kv_heads: must be a positive integer or null, got {self.kv_heads!r}")
+        if self.d_model % self.heads:
+            raise ValueError(f"model.heads: d_model {self.d_model} is not divisible by {self.heads} heads")
+        if self.heads % self.n_kv_heads:
+            raise ValueError(f"model.kv_heads: {self.heads} heads are not divisible into {self.n_kv_heads} kv groups")
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.kv_heads if self.kv_heads is not None else self.heads
+
+    # trainer.config.ModelConfig spellings of the same fields, so its dict form loads as is.
+    ALIASES = {"n_layers": "layers", "n_heads": "heads", "n_kv_heads": "kv_heads", "vocab_size": "vocab"}
+    # ModelConfig settings that change neither the parameter count nor the FLOPs.
+    NOT_SIZING = frozenset({"rope_base", "z_loss", "norm_eps", "init_std", "attention", "doc_positions",
+                            "activation_checkpointing", "checkpoint_every", "compile"})
+
+    @classmethod
+    def from_model_config(cls, model, *, seq_len: int) -> ModelShape:
+        """From a trainer.config.ModelConfig, with its defaults resolved (d_ff None -> Llama's 8/3 rule)."""
+        return cls(layers=model.n_layers, d_model=model.d_model, d_ff=model.ff_dim, heads=model.n_heads,
+                   kv_heads=model.n_kv_heads, vocab=model.vocab_size, seq_len=seq_len, qk_norm=model.qk_norm)
+
+    @classmethod
+    def from_dict(cls, config: dict, *, seq_len: int | None = None) -> ModelShape:
+        """Build from planner or trainer field names; `seq_len` fills in (or overrides) the sequence length."""
+        if not isinstance(config, dict):
+            raise ValueError(f"model: expected a mapping of model fields, got {type(config).__name__}")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values: dict = {}
+        for key, value in config.items():
+            name = cls.ALIASES.get(key, key)
+            if name in fields:
+                if name in values:
+                    raise ValueError(f"model.{key}: given twice (also as {name!r} or one of its aliases)")
+                values[name] = value
+            elif key not in cls.NOT_SIZING:
+                known = sorted(fields | set(cls.ALIASES) | cls.NOT_SIZING)
+                raise ValueError(f"model.{key}: unknown field; known fields are {', '.join(known)}")
+        if seq_len is not None:
+            values["seq_len"] = seq_len
+        missing = [f for f in ("layers", "d_model", "d_ff", "heads", "vocab", "seq_len") if f not in values]
+        if missing:
+            raise ValueError(f"model.{missing[0]}: missing (needed fields: {', '.join(missing)})")
+        return cls(**values)
+
+
+def parameter_count(shape: ModelShape) -> int:
+    """Every weight of the Llama layout: no biases, RMSNorm has one gain vector."""
+    d = shape.d_model
+    kv_dim = shape.n_kv_heads * (d // shape.heads)
+    attention = d * d + 2 * d * kv_dim + d * d  # q, k, v, o
+    mlp = 3 * d * shape.d_ff  # gate, up, down
+    norms = 2 * d + (2 * (d // shape.heads) if shape.qk_norm else 0)  # pre-attention, pre-MLP, q and k
+    embedding = shape.vocab * d
+    head = 0 if shape.tied_embeddings else shape.vocab * d
+    return embedding + shape.layers * (attention + mlp + norms) + d + head  # + d: final norm
+
+
+def flops_per_token(shape: ModelShape, params: int | None = None, *, attention: bool = True) -> float:
+    """Training FLOPs per token, forward + backward: 6N for the matmuls with the weights plus
+    12·L·T·d for the attention scores and their weighted sum (PaLM appendix B; not halved for causality).
+    attention=False leaves that term out: the 6·N·D of the scaling-law papers and cost tables."""
+    n = parameter_count(shape) if params is None else params
+    return 6 * n + (attention_flops_per_token(shape) if attention else 0)
+
+
+def attention_flops_per_token(shape: ModelShape) -> float:
+    return 12 * shape.layers * shape.seq_len * shape.d_model
+
+
+TOKENS_PER_PARAMETER = 20  # compute-optimal (Chinchilla: Hoffmann et al. 2022)
+
+
+def compute_optimal(flops: float, tokens_per_parameter: float = TOKENS_PER_PARAMETER) -> tuple[float, float]:
+    """(parameters, tokens) that spend a FLOP budget C = 6·N·D with D = 20·N: N = sqrt(C / 120)."""
+    if flops <= 0:
+        raise ValueError(f"budget: FLOPs must be > 0, got {flops!r}")
+    params = math.sqrt(flops / (6 * tokens_per_parameter))
+    return params, tokens_per_parameter * params
+
+
+def cost_row(params: float, tokens: float, *, flops_per_s: float, price_per_gpu_hour: float | None = None) -> dict:
+    """One line of a cost table by N and D alone (no attention term): FLOPs 6·N·D, GPU-hours at an achieved
+    throughput per GPU (e.g. 400e12), and dollars at a price per GPU-hour."""
+    if params <= 0 or tokens <= 0 or flops_per_s <= 0:
+        raise ValueError(f"cost: params, tokens and FLOP/s must be > 0, got {params}, {tokens}, {flops_per_s}")
+    flops = 6 * params * tokens
+    hours = flops / flops_per_s / 3600
+    return {"params": params, "tokens": tokens, "flops": flops, "gpu_hours": hours,
+            "usd": None if price_per_gpu_hour is None else hours * price_per_gpu_hour}
+
+
+def total_flops(shape: ModelShape, tokens: float) -> float:
+    return flops_per_token(shape) * tokens
+
+
+def gpu_hours(flops: float, *, device: str | Device, mfu: float) -> float:
+    """Device-hours to execute `flops` at model FLOPs utilization `mfu` of the device's bf16 peak."""
+    if not 0 < mfu <= 1:
+        raise ValueError(f"mfu: must be in (0, 1], got {mfu!r}")
+    return flops / (mfu * get_device(device).peak_flops) / 3600
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """How the model is spread: tensor parallel × pipeline parallel × data parallel GPUs."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    zero: int = 0  # ZeRO stage across the data-parallel group
+    micro_batches: int = 1  # per pipeline flush (only matters with pp > 1)
+
+    def __post_init__(self):
+        for field in ("tp", "pp", "dp", "micro_batches"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"layout.{field}: must be an integer ≥ 1, got {value!r}")
+        if self.zero not in (0, 1, 2, 3):
+            raise ValueError(f"layout.zero: ZeRO stage must be 0, 1, 2 or 3, got {self.zero!r}")
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
+def model_state_bytes_per_gpu(params: float, layout: Layout) -> float:
+    """Weights, grads and Adam state held by one GPU (activations and buffers not counted).
+
+    tp and pp split the parameters; ZeRO then shards some of the 16 bytes/param across dp."""
+    local = params / (layout.tp * layout.pp)
+    sharded = {0: 0, 1: OPTIMIZER_BYTES, 2: OPTIMIZER_BYTES + GRAD_BYTES, 3: STATE_BYTES_PER_PARAM}[layout.zero]
+    return local * ((STATE_BYTES_PER_PARAM - sharded) + sharded / layout.dp)
+
+
+def pipeline_bubble(stages: int, micro_batches: int) -> float:
+    """Idle fraction of a GPipe/1F1B schedule: (P−1)/(m+P−1)."""
+    if stages < 1 or micro_batches < 1:
+        raise ValueError(f"pipeline: stages and micro_batches must be ≥ 1, got {stages} and {micro_batches}")
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def young_checkpoint_interval(checkpoint_seconds: float, mtbf_seconds: float) -> float:
+    """Seconds between checkpoints that minimise lost work (Young 1974): √(2·δ·M), δ = time to write
+    one checkpoint, M = mean time between failures of the whole job."""
+    if checkpoint_seconds <= 0 or mtbf_seconds <= 0:
+        raise ValueError(f"checkpoint interval: write time and MTBF must be > 0, got {checkpoint_seconds} and {mtbf_seconds}")
+    return math.sqrt(2 * checkpoint_seconds * mtbf_seconds)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    shape: ModelShape
+    layout: Layout
+    device: Device
+    mfu: float
+    tokens: float
+    params: int
+    flops_per_token: float
+    total_flops: float
+    gpu_hours: float
+    wall_hours: float  # gpu_hours spread over the layout's GPUs
+    state_bytes_per_gpu: float
+    activation_bytes_per_gpu: float  # with the stage's recomputation
+    activation_bytes_no_recompute: float
+    recompute: str
+    micro_batch: int
+    sequence_parallel: int
+    attention_share: float  # the attention term's FLOPs over 6N
+    usd: float | None  # gpu_hours at the price per GPU-hour, when given
+    bubble: float
+    checkpoint_interval_s: float | None
+    fits: bool
+    warning: str | None
+
+    def lines(self) -> list[str]:
+        lines = [
+            f"parameters          {self.params:,} ({self.params / 1e9:.2f} B)",
+            f"FLOPs/token         {self.flops_per_token:.3e} "
+            + (f"(6N + 12·L·T·d, T = {self.shape.seq_len})" if self.flops_per_token > 6 * self.params else
+               "(6N: the attention term left out)"),
+            f"tokens              {self.tokens:.3e}",
+            f"total FLOPs         {self.total_flops:.3e}",
+            f"GPU-hours           {self.gpu_hours:,.0f} {self.device.name} at {self.mfu:.0%} MFU"
+            f" ({self.wall_hours:,.1f} h wall on {self.layout.gpus} GPUs)",
+            f"attention term      +{self.attention_share:.1%} FLOPs over 6N",
+            f"state/GPU           {self.state_bytes_per_gpu / 1e9:.2f} GB of {self.device.memory_bytes / 1e9:.0f} GB"
+            f" (tp {self.layout.tp} × pp {self.layout.pp} × dp {self.layout.dp}, ZeRO-{self.layout.zero};"
+            " weights+grads+Adam)",
+            f"activations/GPU     {self.activation_bytes_per_gpu / 1e9:.2f} GB (recompute {self.recompute}, micro-batch "
+            f"{self.micro_batch}, sequence parallel {self.sequence_parallel}; "
+            f"{self.activation_bytes_no_recompute / 1e9:.2f} GB without recomputation)",
+            f"pipeline bubble     {self.bubble:.1%} (P = {self.layout.pp}, m = {self.layout.micro_batches})",
+        ]
+        if self.usd is not None:
+            lines.append(f"cost                ${self.usd:,.0f}")
+        if self.checkpoint_interval_s is not None:
+            lines.append(f"checkpoint every    {self.checkpoint_interval_s / 60:.1f} min (Young)")
+        return lines
+
+
+def plan(
+    shape: ModelShape,
+    tokens: float,
+    layout: Layout,
+    device: str | Device,
+    mfu: float,
+    *,
+    checkpoint_seconds: float | None = None,
+    mtbf_seconds: float | None = None,
+    micro_batch: int = 1,
+    recompute: str = "none",
+    sequence_parallel: int = 1,
+    price_per_gpu_hour: float | None = None,
+    attention: bool = True,
+) -> Plan:
+    """All the figures for one training stage, with a warning when the model state and the activations of a
+    micro-batch overflow a GPU."""
+    from trainer.planner.activations import activation_bytes_per_gpu
+
+    if tokens <= 0:
+        raise ValueError(f"tokens: must be > 0, got {tokens!r}")
+    dev = get_device(device)
+    params = parameter_count(shape)
+    per_token = flops_per_token(shape, params, attention=attention)
+    hours = gpu_hours(per_token * tokens, device=dev, mfu=mfu)
+    state = model_state_bytes_per_gpu(params, layout)
+    sizing = {"micro_batch": micro_batch, "layout": layout, "sequence_parallel": sequence_parallel}
+    activations = activation_bytes_per_gpu(shape, recompute=recompute, **sizing)
+    without = activation_bytes_per_gpu(shape, recompute="none", **sizing)
+    fits = state + activations <= dev.memory_bytes
+    warning = None
+    if not fits:
+        warning = (
+            f"model state {state / 1e9:.1f} GB + activations {activations / 1e9:.1f} GB per GPU do not fit one "
+            f"{dev.name}'s {dev.memory_bytes / 1e9:.0f} GB (tp {layout.tp} × pp {layout.pp} × dp {layout.dp}, "
+            f"ZeRO-{layout.zero}, recompute {recompute}): shard it further (a higher ZeRO stage over more dp ranks, "
+            "more tp/pp), recompute activations, split the sequence, or take a smaller micro-batch"
+        )
+    interval = None
+    if checkpoint_seconds is not None and mtbf_seconds is not None:
+        interval = young_checkpoint_interval(checkpoint_seconds, mtbf_seconds)
+    return Plan(
+        shape=shape, layout=layout, device=dev, mfu=mfu, tokens=tokens, params=params, flops_per_token=per_token,
+        total_flops=per_token * tokens, gpu_hours=hours, wall_hours=hours / layout.gpus, state_bytes_per_gpu=state,
+        activation_bytes_per_gpu=activations, activation_bytes_no_recompute=without, recompute=recompute,
+        micro_batch=micro_batch, sequence_parallel=sequence_parallel,
+        attention_share=attention_flops_per_token(shape) / (6 * params),
+        usd=None if price_per_gpu_hour is None else hours * price_per_gpu_hour, bubble=pipeline_bubble(layout.pp, layout.micro_batches), checkpoint_interval_s=interval, fits=fits, warning=warning,
+    )
+
+
+def report(stages: list[tuple[str, ModelShape, float]], *, layout: Layout, device: str | Device, mfu: float,
+           checkpoint_seconds: float | None = None, mtbf_seconds: float | None = None, out, err,
+           stage_options: dict[str, dict] | None = None, **options) -> list[Plan]:
+    """Print one block per training stage to `out`; a layout that does not fit also warns on `err`. `options` are
+    plan()'s sizing keywords for every stage (micro_batch, recompute, ...), over each stage's own
+    `stage_options[name]` (from its run config)."""
+    plans = []
+    for i, (name, shape, tokens) in enumerate(stages):
+        p = plan(shape, tokens, layout, device, mfu, checkpoint_seconds=checkpoint_seconds, mtbf_seconds=mtbf_seconds,
+                 **{**(stage_options or {}).get(name, {}), **options})
+        if i:
+            print(file=out)
+        print(f"stage {name}", file=out)
+        for line in p.lines():
+            print(f"  {line}", file=out)
+        if p.warning:
+            print(f"  WARNING: {p.warning}", file=out)
+            print(f"WARNING: stage {name}: {p.warning}", file=err)
+        plans.append(p)
+    return plans
+
+
+def cost_table(rows: list[tuple[float, float]], *, flops_per_s: float, price_per_gpu_hour: float | None, out) -> list[dict]:
+    """Print a cost table by parameters and tokens alone (6·N·D, no attention term), as scaling-law papers give it."""
+    print(f"{'params':>10} {'tokens':>10} {'FLOPs':>10} {'GPU-hours':>12} {'cost':>12}   "
+          f"(6·N·D at {flops_per_s / 1e12:.0f} TFLOP/s achieved per GPU)", file=out)
+    found = []
+    for params, tokens in rows:
+        row = cost_row(params, tokens, flops_per_s=flops_per_s, price_per_gpu_hour=price_per_gpu_hour)
+        usd = "" if row["usd"] is None else f"${row['usd']:,.0f}"
+        print(f"{params:>10.3g} {tokens:>10.3g} {row['flops']:>10.2e} {row['gpu_hours']:>12,.0f} {usd:>12}", file=out)
+        found.append(row)
+    return found
+
+
+def load_stage(spec: str, *, seq_len: int | None = None) -> tuple[str, ModelShape, float | None]:
+    """(stage name, shape, tokens or None) from inline JSON or a JSON file holding either the model
+    fields alone, or a whole trainer run config (has a "model" section): that one is validated as the
+    trainer would (trainer.config.RunConfig), and gives the stage, batch.seq_len and train_tokens."""
+    if spec.lstrip().startswith("{"):
+        source, text = "inline model JSON", spec
+    else:
+        path = Path(spec)
+        if not path.is_file():
+            raise ValueError(f"model: no such file {spec!r} (give inline JSON or a path to a JSON file)")
+        source, text = str(path), path.read_text(encoding="utf-8")
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{source}: not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{source}: expected a JSON object, got {type(config).__name__}")
+    try:
+        if "model" in config:
+            from trainer.config import RunConfig, from_dict  # imported here: only a run config needs pydantic
+
+            run = from_dict(RunConfig, config)
+            shape = ModelShape.from_model_config(run.model, seq_len=seq_len or run.batch.seq_len)
+            return run.stage, shape, float(run.train_tokens)
+        return "model", ModelShape.from_dict(config, seq_len=seq_len), None
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+
+
+_TOKEN_SUFFIXES = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+
+
+def parse_tokens(text: str) -> float:
+    """A token budget as `2e12`, `2000000000000` or `2T` (K, M, B/G, T suffixes)."""
+    value = text.strip().replace("_", "").replace(",", "")
+    scale = _TOKEN_SUFFIXES.get(value[-1:].upper(), 1.0) if value else 1.0
+    if scale != 1.0:
+        value = value[:-1]
+    try:
+        tokens = float(value) * scale
+    except ValueError:
+        raise ValueError(f"tokens: {text!r} is not a number (e.g. 2e12 or 2T)") from None
+    if not math.isfinite(tokens) or tokens <= 0:
+        raise ValueError(f"tokens: must be a positive number, got {text!r}")
+    return tokens
