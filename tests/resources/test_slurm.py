@@ -73,7 +73,7 @@ def test_the_sbatch_options_the_srun_step_and_each_nodes_torchrun(tmp_path):
 
 # One thread a process on the 2 shared cores; DeepSpeed's C++ op built once (~40 s) into the shared cache.
 ENV = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu",
-       "TORCH_EXTENSIONS_DIR": str(REPO / ".pretrain" / "torch_extensions")}
+       "TORCH_EXTENSIONS_DIR": str(REPO / ".venv" / "torch_extensions")}
 
 
 def _train(launcher: LauncherResource, root, config: dict | None = None):

@@ -22,7 +22,7 @@ TOP_TOKENS = 512  # GPT-2 ids renumbered to the 510 most frequent + EOS + "other
 @pytest.fixture(autouse=True)
 def deepspeed_on_cpu(monkeypatch):
     # DeepSpeed compiles a C++ op on its first run (~40 s); the shared cache makes later runs reuse it.
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(REPO / ".pretrain" / "torch_extensions"))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(REPO / ".venv" / "torch_extensions"))
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     # Two cores shared by everything: one thread per process keeps 2-rank runs from thrashing.

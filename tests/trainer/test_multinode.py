@@ -24,7 +24,7 @@ RUN = {"train_tokens": 5 * 8 * 64, "deepspeed": {"zero_stage": 1, "bf16": False}
 def cpu_env() -> dict:
     # As tests/trainer/conftest.py's autouse fixture sets, which a module-scoped fixture runs before.
     return {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-            "TORCH_EXTENSIONS_DIR": str(REPO / ".pretrain" / "torch_extensions")}
+            "TORCH_EXTENSIONS_DIR": str(REPO / ".venv" / "torch_extensions")}
 
 
 def train_losses(run_json) -> list[float]:
