@@ -1,9 +1,12 @@
 """`pretrain` on the demo recipe with its trained tokenizer, materialized once: a reader setting of `math` that
 changes no document reruns that raw asset alone; a changed filter on `web` reruns web's chain, the dedup stage, the
 sweep, training and evaluation, while the tokenizer and every other source's outputs keep their data versions;
-`--refresh` then trains a new tokenizer on the sources' current outputs. `where` and `docs` read what was made.
+`--refresh` then trains a new tokenizer on the sources' current outputs, kept from then on. `where` and `docs` read
+what was made.
 
-One long test on purpose: materializing the demo takes the time (minutes), the checks after it are cheap."""
+One long test on purpose: materializing the demo takes the time (minutes), the checks after it are cheap. It took in
+what two smaller tests checked on two sources (the tokenizer kept until --refresh, test_staleness_tokenizer; a
+changed filter threshold through training, test_training): the same paths, run once, on the whole demo."""
 
 import copy
 import json
@@ -24,6 +27,7 @@ def cheaper(raw):
     """shorter_training, no zero-shot evaluation during training and one small evaluation task: what reruns is the
     question here, not how well the models learn."""
     shorter_training(raw)
+    raw["mixing"]["candidates"] = 2  # a sweep of two proxy runs reruns as a sweep of four would
     raw["training"]["main"].setdefault("metrics", {})["downstream_interval"] = 0
     raw["evaluation"].update(tasks=raw["evaluation"]["tasks"][:1], limit=4)
 
@@ -46,10 +50,14 @@ def data_versions() -> dict[str, str]:
     return versions
 
 
-def tokenizer_manifest(capsys) -> dict:
+def committed_manifest(capsys, key: str) -> dict:
     capsys.readouterr()
-    assert main(["where", "tokenization/tokenizer"]) == 0
+    assert main(["where", key]) == 0
     return json.loads(capsys.readouterr().out.split("\n", 1)[1])
+
+
+def tokenizer_manifest(capsys) -> dict:
+    return committed_manifest(capsys, "tokenization/tokenizer")
 
 
 @pytest.mark.slow  # the whole demo (shorter training), then web's chain through training again
@@ -65,6 +73,7 @@ def test_the_demo_reruns_exactly_what_a_change_touches_and_keeps_the_tokenizer(t
     fresh = status_rows(capsys)
     assert set(fresh) == set(missing) and all(state == "fresh" for state, _ in fresh.values()), fresh
     trained = tokenizer_manifest(capsys)
+    assert trained["code_version"].startswith("tokenizer:kept:")
     # Each training asset says where its TensorBoard events are and how to open them (written while it trained).
     for stage in ("main", "long_512", "anneal"):
         event = DagsterInstance.get().get_latest_materialization_event(AssetKey(["training", stage]))
@@ -101,6 +110,8 @@ def test_the_demo_reruns_exactly_what_a_change_touches_and_keeps_the_tokenizer(t
 
     # A stricter filter on web.
     before = data_versions()
+    untouched = [f"curation/{s.name}/decontaminated" for s in load_recipe(recipe).sources if s.name != "web"]
+    runs_before = {key: committed_manifest(capsys, key)["run_id"] for key in untouched}
     write_demo_copy(recipe, lambda raw: (cheaper(raw), set_math_min_chars(raw, 20), stricter_web_filter(raw)))
     # Dagster shows staleness one step at a time: the filtered asset whose section changed.
     assert {k for k, (state, _) in status_rows(capsys).items() if state != "fresh"} == {"curation/web/filtered"}
@@ -124,6 +135,9 @@ def test_the_demo_reruns_exactly_what_a_change_touches_and_keeps_the_tokenizer(t
     assert after["tokenization/tokenizer"] == before["tokenization/tokenizer"]
     assert tokenizer_manifest(capsys)["run_id"] == trained["run_id"]
     assert {name for name in others if after[name] != before[name]} == set()
+    # Dagster saw the other sources' decontaminated outputs as stale (the dedup output they read changed), but their
+    # slices of it did not: each committed output was found and reused (the run that made it), not recomputed.
+    assert {key: committed_manifest(capsys, key)["run_id"] for key in untouched} == runs_before
 
     # --refresh: a new tokenizer, sampled from the sources' current outputs (web's are new), so packing goes stale.
     assert main(["materialize", "--select", "tokenization/tokenizer", "--refresh"]) == 0
@@ -134,3 +148,6 @@ def test_the_demo_reruns_exactly_what_a_change_touches_and_keeps_the_tokenizer(t
     rows = status_rows(capsys)
     assert rows["tokenization/tokenizer"][0] == "fresh"
     assert all(rows[f"tokenization/{s.name}/packed"][0] == "stale" for s in load_recipe(recipe).sources)
+    # Without --refresh, the refreshed tokenizer is the kept one from now on.
+    assert main(["materialize", "--select", "tokenization/tokenizer"]) == 0
+    assert tokenizer_manifest(capsys)["run_id"] == refreshed["run_id"]
