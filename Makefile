@@ -65,7 +65,7 @@ test: system-deps $(STAMP)
 
 # The fast tier while you work: every module's unit tests, without the tests marked slow (a few minutes).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not slow"
 
 ui: $(STAMP)
 	$(BIN)/python -c "from assets.home import ensure_dagster_home; ensure_dagster_home()"

@@ -1,9 +1,10 @@
 """The code part of a code version: a sha256 of the source text of the code an asset's output depends on.
 
     refs = ("assets.curation.raw_crawl",)               # a module: its text, and the engine modules it imports
-    refs = ("pipelines.filters:PiiScrubber,scrub_pii",)  # top-level definitions of a module, nothing else
+    refs = ("pipelines.filters.steps:PiiScrubber,scrub_pii",)  # top-level definitions of a module, nothing else
     refs = ("trainer",)                                  # a package: every module in it
-    code_digest(refs)                                    # sha256 hex of those texts, in a fixed order
+    code_digest(refs)                                    # sha256 hex of those texts, as a multiset
+    code_parts(refs)                                     # {module or "module:Name": the text hashed}, to look at
 
 A module reference brings in, transitively, the engine modules (ENGINE_PACKAGES) it imports anywhere in its
 text (a lazy import in a function counts), found by reading the source with `ast`, not by importing it; other
@@ -11,6 +12,22 @@ asset modules it imports (keys, plots, the recipe) are not followed: an asset th
 module's code names it. A module also named with definitions (`mod:Name`) is left out of that closure: only
 the named definitions count, which is how a filtered asset depends on the filter steps its recipe uses and not
 on the others. An engine run in a subprocess (`python -m trainer`) is named as a package.
+
+What is hashed is the content, never where it lives, so that a pure move of a module (its file renamed, the
+import lines that name it rewritten, nothing else) leaves every code version as it was, and no materialization
+turns stale for it:
+  - module names are no part of the digest: it is the sha256 of the sorted sha256s of the parts' texts, a
+    multiset (two modules with the same text count twice; a module empty after normalization counts nothing, so
+    a new package's empty __init__.py adds nothing). A definition (`mod:Name`) is its source segment alone;
+  - every import statement of the project's own packages (PROJECT_PACKAGES), at the top or inside a function,
+    absolute or relative, is hashed in a canonical form that keeps what it binds and drops where from:
+    `from trainer.checkpoint.store import LocalCheckpoints, local_step as step` and `from .store import
+    LocalCheckpoints, local_step as step` both hash as `from <project> import LocalCheckpoints, local_step as
+    step` (on one line, at the statement's indentation, whatever the line breaks of a parenthesized import);
+    `import trainer.model` as `import trainer` (the name it binds), `import trainer.model as tm` as
+    `import <project> as tm`. Imports of anything else (torch, json) are hashed as written.
+Which engine modules a module pulls in is still found from the real import names. A change of what is imported
+(another name, another alias) or of any other line changes the digest.
 
 Source text, never bytecode: the same files give the same digest on every machine and Python version. Line
 endings are normalized; the path a module was read from is no part of it.
@@ -25,6 +42,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: assets/, pipelines/, trainer/, ...
 ENGINE_PACKAGES = ("pipelines", "trainer")  # what computes outputs; storage/ and resources/ only move them
+# The project's own packages: their import statements are hashed without the module path (see above).
+PROJECT_PACKAGES = ("assets", "pipelines", "resources", "storage", "trainer")
+PROJECT = "<project>"  # what a normalized import names instead of the module
 
 
 class CodeRefError(ValueError):
@@ -38,16 +58,16 @@ def code_digest(refs, root: Path = ROOT) -> str:
 
 @lru_cache(maxsize=None)
 def _digest(refs: tuple[str, ...], root: Path) -> str:
-    parts = code_parts(refs, root)
-    digest = hashlib.sha256()
-    for label in sorted(parts):
-        digest.update(f"{label}\0{parts[label]}\0".encode())
-    return digest.hexdigest()
+    # The labels (module names) are left out: only the texts, as a sorted multiset of their sha256s.
+    hashes = sorted(hashlib.sha256(text.encode()).hexdigest()
+                    for text in code_parts(refs, root).values() if text.strip())
+    return hashlib.sha256("\n".join(hashes).encode()).hexdigest()
 
 
 def code_parts(refs, root: Path = ROOT) -> dict[str, str]:
-    """{label: source text} for `refs`: "pipelines.ingest" for a whole module, "pipelines.filters:Name" for one
-    definition. What `code_digest` hashes; a test can list it."""
+    """{label: normalized source text} for `refs`: "pipelines.ingest.step" for a whole module,
+    "pipelines.filters.steps:Name" for one definition. `code_digest` hashes the texts (not the labels); a test
+    can list them."""
     named: dict[str, set[str]] = {}
     modules: list[str] = []
     for ref in refs:
@@ -63,15 +83,56 @@ def code_parts(refs, root: Path = ROOT) -> dict[str, str]:
         if module in parts or module in named:
             continue
         text = _read(module, root)
-        parts[module] = text
-        pending.extend(_followed_imports(module, text, root))
+        parts[module] = normalize_imports(text)
+        pending.extend(_followed_imports(module, text, root))  # from the real import names
     for module, names in named.items():
         segments = _definitions(module, _read(module, root))
         for name in sorted(names):
             if name not in segments:
                 raise CodeRefError(f"code reference {module}:{name}: {module} has no top-level {name!r}")
-            parts[f"{module}:{name}"] = segments[name]
+            parts[f"{module}:{name}"] = normalize_imports(segments[name])
     return parts
+
+
+def normalize_imports(text: str) -> str:
+    """`text` with every import statement of the project's packages in its canonical form (the module docstring):
+    what it binds, not where from; the line's text before and after the statement (indentation, a comment) kept.
+    Text that does not parse is returned as it is."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return text
+    statements = [node for node in ast.walk(tree)
+                  if isinstance(node, (ast.Import, ast.ImportFrom)) and _canonical(node) is not None]
+    lines = text.split("\n")  # as ast numbers them (str.splitlines would also break at \f, \x1c, ...)
+    # From the last statement back: a rewrite changes only its own span and what follows it.
+    for node in sorted(statements, key=lambda n: (n.lineno, n.col_offset), reverse=True):
+        first, last = lines[node.lineno - 1].encode(), lines[node.end_lineno - 1].encode()
+        # ast's column offsets count UTF-8 bytes.
+        line = first[: node.col_offset].decode() + _canonical(node) + last[node.end_col_offset:].decode()
+        lines[node.lineno - 1: node.end_lineno] = [line]
+    return "\n".join(lines)
+
+
+def _canonical(node: ast.Import | ast.ImportFrom) -> str | None:
+    """The canonical text of an import statement of the project's packages; None for any other import."""
+    def bound(alias: ast.alias, name: str) -> str:
+        return f"{name} as {alias.asname}" if alias.asname else name
+
+    if isinstance(node, ast.ImportFrom):
+        if not node.level and (node.module or "").split(".")[0] not in PROJECT_PACKAGES:
+            return None
+        return f"from {PROJECT} import " + ", ".join(bound(alias, alias.name) for alias in node.names)
+    if not any(alias.name.split(".")[0] in PROJECT_PACKAGES for alias in node.names):
+        return None
+    names = []
+    for alias in node.names:
+        top = alias.name.split(".")[0]
+        if top not in PROJECT_PACKAGES:
+            names.append(bound(alias, alias.name))  # `import json` next to a project import: as written
+        else:  # `import trainer.model` binds `trainer`; `import trainer.model as tm` binds `tm`
+            names.append(bound(alias, PROJECT) if alias.asname else top)
+    return "import " + ", ".join(names)
 
 
 def _path(module: str, root: Path) -> Path | None:

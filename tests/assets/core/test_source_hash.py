@@ -1,7 +1,6 @@
 """assets/core/source_hash.py on a small tree of its own: which source text a code reference takes in, and that its
-digest moves with exactly that text."""
-
-import hashlib
+digest moves with exactly that text, never with where it lives (module names, the module paths of the project's
+import lines): a pure move of a module leaves the digest as it was."""
 
 import pytest
 
@@ -39,10 +38,68 @@ def test_a_module_takes_in_the_engine_modules_it_imports_but_not_other_asset_mod
     parts = code_parts(["assets.thing"], tmp_path)
     assert sorted(parts) == ["assets.thing", "pipelines.helpers", "pipelines.steps"]  # not assets.keys, nor json
     assert parts["pipelines.helpers"] == TREE["pipelines/helpers.py"]
-    expected = hashlib.sha256()
-    for label in sorted(parts):
-        expected.update(f"{label}\0{parts[label]}\0".encode())
-    assert code_digest(["assets.thing"], tmp_path) == expected.hexdigest()
+    # What is hashed has the project's import lines without their module paths; json's import is as written.
+    assert parts["assets.thing"].startswith("from <project> import run\nfrom <project> import KEY\n\ndef build()")
+    assert "import json\n" in parts["pipelines.steps"]
+    assert "    from <project> import helper  # lazy: still followed\n" in parts["pipelines.steps"]
+    # The digest is the texts' alone: the same texts under other module names give the same digest.
+    renamed = {"assets/__init__.py": "", "assets/other.py": TREE["assets/thing.py"], "pipelines/__init__.py": "",
+               "pipelines/run_steps.py": TREE["pipelines/steps.py"],
+               "pipelines/utils.py": TREE["pipelines/helpers.py"]}
+    # assets.other imports nothing under those names: its closure is named by hand.
+    write_tree(tmp_path / "renamed", renamed)
+    assert code_digest(["assets.other", "pipelines.run_steps", "pipelines.utils"], tmp_path / "renamed") == \
+        code_digest(["assets.thing"], tmp_path)
+
+
+def test_moving_a_module_and_rewriting_its_import_lines_keeps_the_digest(tmp_path):
+    """A pure move (the file renamed, the import lines naming it rewritten) is no change of code: no asset's code
+    version may move for it."""
+    write_tree(tmp_path / "before", TREE)
+    moved = {name: text for name, text in TREE.items() if name != "pipelines/helpers.py"}
+    moved["pipelines/sub/__init__.py"] = ""
+    moved["pipelines/sub/helpers.py"] = TREE["pipelines/helpers.py"]
+    absolute = {**moved, "pipelines/steps.py": TREE["pipelines/steps.py"].replace(
+        "from pipelines.helpers import helper", "from pipelines.sub.helpers import helper")}
+    write_tree(tmp_path / "absolute", absolute)
+    # Still followed under its new name.
+    assert "pipelines.sub.helpers" in code_parts(["assets.thing"], tmp_path / "absolute")
+    assert code_digest(["assets.thing"], tmp_path / "absolute") == code_digest(["assets.thing"], tmp_path / "before")
+    # The relative form of the same import, and a parenthesized one over two lines, are the same import.
+    relative = {**moved, "pipelines/steps.py": TREE["pipelines/steps.py"].replace(
+        "from pipelines.helpers import helper", "from .sub.helpers import (\n        helper,\n    )")}
+    write_tree(tmp_path / "relative", relative)
+    assert "pipelines.sub.helpers" in code_parts(["assets.thing"], tmp_path / "relative")
+    assert code_digest(["assets.thing"], tmp_path / "relative") == code_digest(["assets.thing"], tmp_path / "before")
+    # A package named whole: its modules' names and a new empty __init__.py are no part of its digest.
+    assert code_digest(["pipelines"], tmp_path / "absolute") == code_digest(["pipelines"], tmp_path / "before")
+
+
+def test_what_an_import_binds_and_any_other_line_are_part_of_the_digest(tmp_path):
+    write_tree(tmp_path / "before", TREE)
+    before = code_digest(["assets.thing"], tmp_path / "before")
+    other_names = {**TREE, "pipelines/steps.py": TREE["pipelines/steps.py"].replace(
+        "import helper  #", "import helper, other  #")}
+    write_tree(tmp_path / "names", other_names)
+    assert code_digest(["assets.thing"], tmp_path / "names") != before
+    alias = {**TREE, "assets/thing.py": TREE["assets/thing.py"].replace("import KEY", "import KEY as K")}
+    write_tree(tmp_path / "alias", alias)
+    assert code_digest(["assets.thing"], tmp_path / "alias") != before
+    body = {**TREE, "pipelines/steps.py": TREE["pipelines/steps.py"].replace("return helper()", "return helper() + 1")}
+    write_tree(tmp_path / "body", body)
+    assert code_digest(["assets.thing"], tmp_path / "body") != before
+    # A third-party import is hashed as written: where it comes from is what it is.
+    third_party = {**TREE, "pipelines/steps.py": TREE["pipelines/steps.py"].replace("import json", "import orjson as json")}
+    write_tree(tmp_path / "third_party", third_party)
+    assert code_digest(["assets.thing"], tmp_path / "third_party") != before
+
+
+def test_the_texts_are_a_multiset(tmp_path):
+    """Two modules with the same text are two modules' code: a second copy counts, it is not folded into the first."""
+    write_tree(tmp_path, {**TREE, "trainer/sub/c.py": TREE["trainer/sub/b.py"]})
+    one, two = code_digest(["trainer.sub.b"], tmp_path), code_digest(["trainer.sub.b", "trainer.sub.c"], tmp_path)
+    assert one != two
+    assert code_digest(["trainer.sub.c", "trainer.sub.b"], tmp_path) == two  # in any order
 
 
 def test_named_definitions_take_in_only_their_own_text(tmp_path):
