@@ -57,15 +57,16 @@ demo: $(STAMP)
 	@echo "  $(BIN)/pretrain where curation/web/raw_crawl"
 	@echo "  $(BIN)/pretrain docs raw_crawl --source web --limit 3"
 
-# The whole suite (what CI runs): real S3, PostgreSQL, Slurm, Ray, Chromium and DeepSpeed runs. Two workers: most
-# slow tests wait on subprocesses (trainers, Dagster runs, servers), so two side by side fill the 2 cores; the tests
-# of the session's S3 server and Slurm cluster share one worker (tests/conftest.py), so neither starts twice.
+# The whole suite (what CI runs): real S3, PostgreSQL, Slurm, Ray, Chromium and DeepSpeed runs, ~45 minutes on 2
+# cores. One worker: on two pytest-xdist workers (`-n 2 --dist loadgroup`, which tests/conftest.py supports: the
+# session's S3 server and Slurm cluster stay on one worker) the Slurm straggler test and the one-rank signal test
+# failed their timing on 2 cores, and the whole took 52 min, no faster.
 test: system-deps $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=30
+	$(BIN)/python -m pytest -q --durations=30
 
 # The fast tier while you work: every module's unit tests, without the tests marked slow (a few minutes).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow"
 
 ui: $(STAMP)
 	$(BIN)/python -c "from assets.home import ensure_dagster_home; ensure_dagster_home()"

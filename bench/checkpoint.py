@@ -91,8 +91,8 @@ def main() -> None:
             "checkpoint": {"remote": "s3://bench/ckpt", "keep_last": 2, "resume": False}})
         trainer = Trainer(cfg)
         ckpt = trainer.checkpointer
-        print(f"trainer: {trainer.n_params / 1e6:.1f} M parameters, ZeRO-1 {trainer.parallel.precision.dtype} "
-              f"({trainer.parallel.precision.reason}); moto_server at {server.endpoint}")
+        print(f"trainer: {trainer.n_params / 1e6:.1f} M parameters, ZeRO-1 {trainer.precision.dtype} "
+              f"({trainer.precision.reason}); moto_server at {server.endpoint}")
 
         def step_time() -> float:
             t = time.perf_counter()
