@@ -82,9 +82,8 @@ def code_parts(refs, root: Path = ROOT) -> dict[str, str]:
         module = pending.pop()
         if module in parts or module in named:
             continue
-        text = _read(module, root)
-        parts[module] = normalize_imports(text)
-        pending.extend(_followed_imports(module, text, root))  # from the real import names
+        parts[module], followed = _module_part(module, root)
+        pending.extend(followed)
     for module, names in named.items():
         segments = _definitions(module, _read(module, root))
         for name in sorted(names):
@@ -92,6 +91,28 @@ def code_parts(refs, root: Path = ROOT) -> dict[str, str]:
                 raise CodeRefError(f"code reference {module}:{name}: {module} has no top-level {name!r}")
             parts[f"{module}:{name}"] = normalize_imports(segments[name])
     return parts
+
+
+def _module_part(module: str, root: Path) -> tuple[str, tuple[str, ...]]:
+    """A whole module's normalized text and the engine modules it imports (from the real import names)."""
+    path = _path(module, root)
+    if path is None:
+        raise CodeRefError(f"code reference {module}: no module {module} under {root}")
+    stat = path.stat()
+    return _parsed_module(module, root, path, stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=None)
+def _parsed_module(module: str, root: Path, path: Path, mtime_ns: int, size: int) -> tuple[str, tuple[str, ...]]:
+    # Once per file and content in a process: the definitions' 40 assets name overlapping closures (the whole
+    # trainer package for each training stage), and parsing each module for every one took 3.2 s of every load of
+    # the code location. Keyed by the file's mtime and size, so an edited file is read again.
+    text = path.read_text(encoding="utf-8").replace("\r\n", "\n")
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return text, tuple(_followed_imports(module, text, root))  # raises, naming the file's line
+    return _normalized(text, tree), tuple(_followed_imports(module, tree, root))
 
 
 def normalize_imports(text: str) -> str:
@@ -102,6 +123,10 @@ def normalize_imports(text: str) -> str:
         tree = ast.parse(text)
     except SyntaxError:
         return text
+    return _normalized(text, tree)
+
+
+def _normalized(text: str, tree: ast.AST) -> str:
     statements = [node for node in ast.walk(tree)
                   if isinstance(node, (ast.Import, ast.ImportFrom)) and _canonical(node) is not None]
     lines = text.split("\n")  # as ast numbers them (str.splitlines would also break at \f, \x1c, ...)
@@ -159,10 +184,10 @@ def _read(module: str, root: Path) -> str:
     return path.read_text(encoding="utf-8").replace("\r\n", "\n")
 
 
-def _followed_imports(module: str, text: str, root: Path) -> list[str]:
-    """The engine modules `module` imports (as module names that exist under root)."""
+def _followed_imports(module: str, source: str | ast.AST, root: Path) -> list[str]:
+    """The engine modules `module` imports (as module names that exist under root), from its text or its tree."""
     found = []
-    for node in ast.walk(ast.parse(text)):
+    for node in ast.walk(ast.parse(source) if isinstance(source, str) else source):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
