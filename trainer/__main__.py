@@ -47,7 +47,10 @@ def main(argv: list[str] | None = None) -> int:
             dist.barrier()  # no rank tears its process group down while another still uses it
         return CLEAN
     except TrainerExit as e:  # a refused resume, the spike guard, a corrupt rank, a straggler to drain
-        return failed(e.kind, e, cfg.output_dir, **e.extra)
+        status = failed(e.kind, e, cfg.output_dir, **e.extra)
+        if e.agreed and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()  # every rank raised it after the same step: leave together, none killed half-way out
+        return status
     finally:
         # Without this ~1 in 5 ZeRO-3 runs crash at exit (STACK.md).
         if dist.is_initialized():

@@ -60,6 +60,9 @@ class TrainerExit(Exception):
     def __init__(self, message: str, **extra):
         super().__init__(message)
         self.extra = extra
+        # True when every rank raises it after the same step (Trainer.stop_after_step: a signal, a drain), so the
+        # ranks can leave together: torchrun stops the ranks still running as soon as one has exited.
+        self.agreed = False
 
     @property
     def exit_status(self) -> int:

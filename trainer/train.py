@@ -473,6 +473,7 @@ class Trainer:
             self.save_checkpoint()
         self.metrics.log_event({"event": event["event"], "step": self.state.step,
                                 **{k: v for k, v in event.items() if k != "event"}})
+        error.agreed = True
         raise error
 
     def save_checkpoint(self) -> None:

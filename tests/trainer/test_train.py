@@ -205,7 +205,10 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step_checkpointed_
     run = write_run(tmp_path / "stopped" / "run.json", **sections)
     out = run.parent / "out"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
-    torchrun = [os.path.join(BIN, "torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "trainer", "--config", str(run)]
+    # torchrun polls its ranks every 0.1 s by default and stops those still running once one has exited: the ranks
+    # leave together (a barrier), but their interpreters' shutdowns differ by more than that; at 2 s it sees both.
+    torchrun = [os.path.join(BIN, "torchrun"), "--standalone", "--nproc_per_node", "2", "--monitor-interval", "2",
+                "-m", "trainer", "--config", str(run)]
     job = subprocess.Popen(torchrun, cwd=REPO, env={**env, **fault_env("slow:seconds=0.25")},
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
