@@ -112,6 +112,7 @@ def standalone(tmp_path_factory):
     return result
 
 
+@pytest.mark.slow  # ~15-25 s each: a Slurm job of two trainer ranks and the same run under torchrun
 @pytest.mark.parametrize("nnodes, nproc_per_node", [(1, 2), (2, 1)], ids=["1 node x 2", "2 nodes x 1"])
 def test_a_training_asset_on_slurm_reports_to_dagster_and_matches_torchrun(slurm, standalone, tmp_path,
                                                                           nnodes, nproc_per_node):
@@ -147,6 +148,7 @@ def test_a_training_asset_on_slurm_reports_to_dagster_and_matches_torchrun(slurm
     assert _numbers(result.records) == _numbers(standalone.records)
 
 
+@pytest.mark.slow  # ~30 s: two Slurm jobs, the second on one node
 def test_a_straggling_node_is_drained_and_the_job_goes_on_without_it(slurm, tmp_path):
     """straggler.drain on 2 nodes: the slow rank's node is left out of the restart (srun --exclude), and the
     run resumes on the other node alone at the same global batch (its checkpoint resharded)."""
