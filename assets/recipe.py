@@ -120,24 +120,25 @@ class Recipe(BaseModel):
             seen.add(source.name)
         return sources
 
+    @field_validator("quality_classifier")
+    @classmethod
+    def _negatives_name_sources(cls, quality, info):
+        if quality is not None:
+            _check_sources("quality_classifier.negative_sources", quality.negative_sources, info)
+        return quality
+
     @field_validator("mixing")
     @classmethod
     def _mixing_names_sources(cls, mixing, info):
-        sources = {s.name for s in info.data.get("sources") or []}
-        unknown = sorted(set(mixing.prior) - sources) if mixing is not None else []
-        if unknown:
-            raise ValueError(f"prior names sources {unknown} that the recipe does not have ({sorted(sources)})")
+        if mixing is not None:
+            _check_sources("mixing.prior", mixing.prior, info)
         return mixing
 
     @field_validator("training")
     @classmethod
     def _stage_weights_name_sources(cls, training, info):
-        sources = {s.name for s in info.data.get("sources") or []}
         for where, stage in training.later() if training is not None else []:
-            unknown = sorted(set(stage.weights or {}) - sources)
-            if unknown:
-                raise ValueError(f"{where}.weights names sources {unknown} that the recipe does not have "
-                                 f"({sorted(sources)})")
+            _check_sources(f"{where}.weights", stage.weights or {}, info)
         return training
 
     @property
@@ -149,11 +150,27 @@ class Recipe(BaseModel):
         for source in self.sources:
             if source.name == name:
                 return source
-        raise KeyError(f"recipe {self.name!r} has no source {name!r}; it has {[s.name for s in self.sources]}")
+        raise KeyError(f"recipe {self.name!r} has no source {name!r}; it has {known_names(s.name for s in self.sources)}")
 
     def input_files(self, source: SourceConfig) -> list[Path | str]:
         """The source's inputs, sorted: local files as absolute Paths, remote ones as URLs (str)."""
         return expand_inputs(source.inputs, self.input_root)
+
+
+def known_names(names, limit: int = 10) -> str:
+    """The names an error offers instead: the first `limit`, then how many more (a recipe may have 1,000 sources)."""
+    names = list(names)
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _check_sources(field: str, named, info) -> None:
+    """A field that names sources names only the recipe's own (the error: its dotted path, what does exist)."""
+    sources = [s.name for s in info.data.get("sources") or []]
+    unknown = [name for name in named if name not in set(sources)]
+    if unknown:
+        raise ValueError(f"{field} names {'a source' if len(unknown) == 1 else 'sources'} the recipe does not have: "
+                         f"{', '.join(unknown)}; its sources are {known_names(sources)}")
 
 
 def recipe_path(explicit: str | os.PathLike | None = None) -> Path:

@@ -55,6 +55,51 @@ def test_bad_recipe_names_the_file_and_the_field(tmp_path, mutate, expected):
     assert expected in message
 
 
+def without_cc(raw):
+    """The demo without its `cc` source, which the quality classifier's negatives name."""
+    raw["sources"] = [s for s in raw["sources"] if s["name"] != "cc"]
+
+
+def many_sources(raw):
+    """1,000 copies of the demo's c4 source (c4_0 ... c4_999), and a prior that names one that is not there."""
+    c4 = next(s for s in raw["sources"] if s["name"] == "c4")
+    raw["sources"] = [{**c4, "name": f"c4_{i}"} for i in range(1000)]
+    raw.pop("quality_classifier")
+    raw["mixing"]["prior"] = {"c4_0": 0.5, "wiki": 0.5}
+    raw.pop("training")
+
+
+@pytest.mark.parametrize(
+    "mutate, field, missing",
+    [
+        (without_cc, "quality_classifier.negative_sources", "cc"),
+        (lambda raw: raw["mixing"]["prior"].update(wiki=0.1), "mixing.prior", "wiki"),
+        (lambda raw: raw["training"]["anneal"]["weights"].update(wiki=1.0), "training.anneal.weights", "wiki"),
+        (lambda raw: raw["training"]["long_context"][0].update(weights={"wiki": 1.0}),
+         "training.long_context[0] (long_512).weights", "wiki"),
+    ],
+    ids=["quality-negatives", "mixing-prior", "anneal-weights", "long-context-weights"],
+)
+def test_a_field_that_names_a_missing_source_is_a_recipe_error_naming_the_field(tmp_path, capsys, mutate, field,
+                                                                                 missing):
+    from assets.cli import main
+
+    path = write_recipe(tmp_path, mutate)
+    assert main(["status", "--recipe", path]) == 2  # a validation error, not a traceback
+    err = capsys.readouterr().err
+    assert path in err and f"{field} names a source the recipe does not have: {missing}" in err, err
+    assert "its sources are web" in err and "Traceback" not in err
+
+
+def test_the_names_offered_are_ten_then_a_count(tmp_path):
+    path = write_recipe(tmp_path, many_sources)
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(path)
+    message = str(caught.value)
+    assert "mixing.prior names a source the recipe does not have: wiki" in message
+    assert message.endswith("its sources are " + ", ".join(f"c4_{i}" for i in range(10)) + " and 990 more")
+
+
 def test_missing_input_names_the_pattern(tmp_path):
     path = write_recipe(tmp_path, lambda raw: raw["sources"][3].update(inputs=["jsonl/no-such-file-*.jsonl.gz"]))
     with pytest.raises(RecipeError, match="no-such-file"):
