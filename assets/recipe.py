@@ -120,26 +120,13 @@ class Recipe(BaseModel):
             seen.add(source.name)
         return sources
 
-    @field_validator("quality_classifier")
+    @field_validator("quality_classifier", "mixing", "training")
     @classmethod
-    def _negatives_name_sources(cls, quality, info):
-        if quality is not None:
-            _check_sources("quality_classifier.negative_sources", quality.negative_sources, info)
-        return quality
-
-    @field_validator("mixing")
-    @classmethod
-    def _mixing_names_sources(cls, mixing, info):
-        if mixing is not None:
-            _check_sources("mixing.prior", mixing.prior, info)
-        return mixing
-
-    @field_validator("training")
-    @classmethod
-    def _stage_weights_name_sources(cls, training, info):
-        for where, stage in training.later() if training is not None else []:
-            _check_sources(f"{where}.weights", stage.weights or {}, info)
-        return training
+    def _names_only_its_sources(cls, section, info):
+        """Every field that names sources names the recipe's own (`sources` is validated before these)."""
+        for field, named in _source_references(info.field_name, section):
+            _check_sources(field, named, info)
+        return section
 
     @property
     def input_root(self) -> Path:
@@ -162,6 +149,17 @@ def known_names(names, limit: int = 10) -> str:
     names = list(names)
     shown = ", ".join(names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _source_references(section_name: str, section) -> list[tuple[str, object]]:
+    """[(dotted field, the source names it gives)] of one recipe section."""
+    if section is None:
+        return []
+    if section_name == "quality_classifier":
+        return [("quality_classifier.negative_sources", section.negative_sources)]
+    if section_name == "mixing":
+        return [("mixing.prior", section.prior)]
+    return [(f"{where}.weights", stage.weights or {}) for where, stage in section.later()]
 
 
 def _check_sources(field: str, named, info) -> None:
