@@ -165,7 +165,8 @@ def _source_references(section_name: str, section) -> list[tuple[str, object]]:
 def _check_sources(field: str, named, info) -> None:
     """A field that names sources names only the recipe's own (the error: its dotted path, what does exist)."""
     sources = [s.name for s in info.data.get("sources") or []]
-    unknown = [name for name in named if name not in set(sources)]
+    known = set(sources)
+    unknown = [name for name in named if name not in known]
     if unknown:
         raise ValueError(f"{field} names {'a source' if len(unknown) == 1 else 'sources'} the recipe does not have: "
                          f"{', '.join(unknown)}; its sources are {known_names(sources)}")

@@ -107,11 +107,8 @@ def _parsed_module(module: str, root: Path, path: Path, mtime_ns: int, size: int
     # Once per file and content in a process: the definitions' 40 assets name overlapping closures (the whole
     # trainer package for each training stage), and parsing each module for every one took 3.2 s of every load of
     # the code location. Keyed by the file's mtime and size, so an edited file is read again.
-    text = path.read_text(encoding="utf-8").replace("\r\n", "\n")
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return text, tuple(_followed_imports(module, text, root))  # raises, naming the file's line
+    text = _text(path)
+    tree = ast.parse(text)  # a module that does not parse raises, naming its line
     return _normalized(text, tree), tuple(_followed_imports(module, tree, root))
 
 
@@ -181,13 +178,17 @@ def _read(module: str, root: Path) -> str:
     path = _path(module, root)
     if path is None:
         raise CodeRefError(f"code reference {module}: no module {module} under {root}")
+    return _text(path)
+
+
+def _text(path: Path) -> str:
     return path.read_text(encoding="utf-8").replace("\r\n", "\n")
 
 
-def _followed_imports(module: str, source: str | ast.AST, root: Path) -> list[str]:
-    """The engine modules `module` imports (as module names that exist under root), from its text or its tree."""
+def _followed_imports(module: str, tree: ast.AST, root: Path) -> list[str]:
+    """The engine modules `module` imports (as module names that exist under root), from its parsed text."""
     found = []
-    for node in ast.walk(ast.parse(source) if isinstance(source, str) else source):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
