@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -222,7 +223,14 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step_checkpointed_
     finally:
         job.kill()
     assert job.returncode == 1  # torchrun's own status when its ranks failed
-    assert output.count("exitcode  : 7") == 2, output[-3000:]  # both ranks stopped, neither was left waiting
+    # Both ranks stopped by the signal, each with its own exit record (the signalled rank and the one told in the
+    # step's gather), neither left waiting in a collective. torchrun reports each rank's status as it polls: one whose
+    # interpreter shutdown, after its exit record and the leaving barrier, outlasts the poll on 2 busy cores is
+    # SIGTERMed by torchrun and shows -15 there, so the records, not torchrun's codes, say how each rank left.
+    assert output.count("error: stopped by a signal (SIGINT; rank(s) [1])") == 1, output[-3000:]
+    assert output.count("error: stopped by a signal (on another rank; rank(s) [1])") == 1, output[-3000:]
+    codes = re.findall(r"exitcode\s+: (-?\d+)", output)
+    assert "7" in codes and set(codes) <= {"7", "-15"}, output[-3000:]
     failure = json.loads((out / "failure.json").read_text())
     assert failure["kind"] == "stopped" and failure["exit_status"] == 7
     [stopped] = [r for r in read_metrics(out) if r.get("event") == "stopped"]

@@ -69,7 +69,8 @@ def committed_dedup(store, tmp_path, web_docs, code_docs, name="dedup"):
     for source, docs in (("web", web_docs), ("code", code_docs)):
         (folder / source).mkdir(parents=True)
         lines = "".join(json.dumps({"text": t, "id": f"{source}-{i}", "metadata": {}}) + "\n" for i, t in enumerate(docs))
-        (folder / source / "part-00000.jsonl.gz").write_bytes(gzip.compress(lines.encode()))
+        # mtime=0: the same documents give the same bytes (and data version) whichever second they were written in
+        (folder / source / "part-00000.jsonl.gz").write_bytes(gzip.compress(lines.encode(), mtime=0))
     manifest = commit_folder(store, f"curation/deduplicated/{name}", folder, {})
     return Output(AssetKey(["curation", "deduplicated"]), f"curation/deduplicated/{name}", manifest)
 
