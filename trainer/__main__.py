@@ -66,5 +66,20 @@ def _output_dir(run_json: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def exit_now(status: int) -> None:
+    """Leave with `status` once the run's files are written, without the interpreter's teardown: that teardown
+    destroys the process groups and engines DeepSpeed still holds (AutoTP's and the pipeline's groups among them), and
+    one of their C++ threads, still joinable then, aborted a rank of a finished tensor-parallel run ("terminate called
+    without an active exception", exit -6) after its last checkpoint was committed. Everything of the run is closed
+    by then (metrics, checkpoints, uploads are joined in fit), so only the standard streams and logging are flushed."""
+    import logging
+    import os
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
