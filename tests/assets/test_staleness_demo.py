@@ -24,9 +24,12 @@ DATA_VERSION_TAG = "dagster/data_version"
 
 
 def cheaper(raw):
-    """shorter_training, no zero-shot evaluation during training and one small evaluation task: what reruns is the
-    question here, not how well the models learn."""
+    """shorter_training, no zero-shot evaluation during training, one small evaluation task, and main -> anneal without
+    the long-context stage (a third training and evaluation, run twice, that reruns as the anneal does; the
+    long-context stage's own path is tests/assets/training/test_training.py's): what reruns is the question here,
+    not how well the models learn."""
     shorter_training(raw)
+    raw["training"]["long_context"] = []
     raw["mixing"]["candidates"] = 2  # a sweep of two proxy runs reruns as a sweep of four would
     raw["training"]["main"].setdefault("metrics", {})["downstream_interval"] = 0
     raw["evaluation"].update(tasks=raw["evaluation"]["tasks"][:1], limit=4)
@@ -75,7 +78,7 @@ def test_the_demo_reruns_exactly_what_a_change_touches_and_keeps_the_tokenizer(t
     trained = tokenizer_manifest(capsys)
     assert trained["code_version"].startswith("tokenizer:kept:")
     # Each training asset says where its TensorBoard events are and how to open them (written while it trained).
-    for stage in ("main", "long_512", "anneal"):
+    for stage in ("main", "anneal"):
         event = DagsterInstance.get().get_latest_materialization_event(AssetKey(["training", stage]))
         meta = {k: v.value for k, v in event.asset_materialization.metadata.items()}
         assert meta["tensorboard_command"] == f"tensorboard --logdir {meta['tensorboard_logdir']}"
