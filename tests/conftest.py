@@ -32,19 +32,23 @@ from tests.s3_server import moto_server, s3, s3_proxy, store  # noqa: E402,F401 
 from tests.slurm_cluster import slurm, slurm_cluster  # noqa: E402,F401  (a real Slurm on this host)
 
 
-# The session's servers: a test that uses one runs on the worker that started it (make test runs two workers with
-# pytest-xdist's --dist loadgroup), so each starts once, as in a run without workers.
-SESSION_SERVERS = {"moto_server", "slurm_cluster"}
+# Session fixtures a worker builds once: a test that uses one runs on the worker that built it (make test runs two
+# workers with pytest-xdist's --dist loadgroup), so each is built once, as in a run without workers. {fixture: group}
+SESSION_GROUPS = {"moto_server": "session-servers", "slurm_cluster": "session-servers",
+                  "curated_template": "curated-c4-math"}  # tests/assets/conftest.py
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
-    """Tests of the session's servers share one worker; tests marked `gpu` run only where CUDA is present (the
-    device machine); CI has none."""
+    """Tests of one session fixture (the servers, the curated home) share one worker; tests marked `gpu` run only
+    where CUDA is present (the device machine); CI has none."""
     import torch
 
     for item in items:
-        if SESSION_SERVERS & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group("session-servers"))
+        groups = {SESSION_GROUPS[name] for name in getattr(item, "fixturenames", ()) if name in SESSION_GROUPS}
+        if groups:
+            # A test of both would be a group of its own, building both again on its worker: none uses both.
+            item.add_marker(pytest.mark.xdist_group("+".join(sorted(groups))))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (marker gpu); none is present here")
