@@ -8,7 +8,7 @@ import yaml
 from dagster import AssetKey, DagsterInstance
 
 from assets.cli import main
-from assets.recipe import DEMO_RECIPE
+from tests.assets.curated import demo_raw, two_small_sources
 
 PROXY = {"train_tokens": 8 * 64 * 6, "model": {"vocab_size": 1024, "d_model": 32, "n_layers": 1, "n_heads": 2},
          "batch": {"global_batch": 8, "micro_batch": 8, "seq_len": 64, "ramp_start": None},
@@ -16,15 +16,9 @@ PROXY = {"train_tokens": 8 * 64 * 6, "model": {"vocab_size": 1024, "d_model": 32
 
 
 def write_recipe(path, proxy_tokens: int = PROXY["train_tokens"]):
-    raw = yaml.safe_load(DEMO_RECIPE.read_text())
-    raw["base_dir"] = str((DEMO_RECIPE.parent / raw["base_dir"]).resolve())
-    sources = {s["name"]: s for s in raw["sources"]}
-    for name in ("c4", "math"):
-        sources[name].pop("filter", None)  # the curation chain is tested elsewhere; here it only feeds the sweep
-    raw["sources"] = [sources["c4"], sources["math"]]
-    raw["decontamination"]["benchmarks"] = ["benchmarks/gsm8k_test.jsonl"]
-    raw["tokenizer"] = {"vocab_size": 1024, "sample_bytes": 400000}
-    raw.pop("quality_classifier", None)
+    """The curated home's two sources (tests/assets/curated.py), a sweep of three candidates over them."""
+    raw = demo_raw()
+    two_small_sources(raw)
     for stage in ("long_context", "anneal"):  # the proxy is training.main with mixing.proxy over it
         raw["training"].pop(stage, None)
     raw["mixing"] = {"prior": {"c4": 0.5, "math": 0.5}, "candidates": 3, "concentration": 4.0, "target": "average",
@@ -48,14 +42,14 @@ def status(capsys) -> dict[str, str]:
     return {k: v for k, v in rows.items() if not k.startswith(("training/", "evaluation/"))}
 
 
-@pytest.mark.slow  # ~2-3 min: the curation chain of two small sources, then nine proxy trainings
-def test_the_sweep_trains_one_proxy_per_candidate_and_fits_the_weights(tmp_path, monkeypatch, capsys):
+@pytest.mark.slow  # ~1-2 min: nine proxy trainings on the session's curated home
+def test_the_sweep_trains_one_proxy_per_candidate_and_fits_the_weights(tmp_path, monkeypatch, capsys, curated_home):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     recipe = tmp_path / "recipe.yaml"
     write_recipe(recipe)
     monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
-    assert main(["materialize", "--select", "+mixing/mixture_weights"]) == 0
+    assert main(["materialize", "--stale", "--select", "+mixing/mixture_weights"]) == 0  # curation is fresh
 
     instance = DagsterInstance.get()
     partitions = instance.get_dynamic_partitions("mix_candidates")

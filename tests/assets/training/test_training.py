@@ -15,7 +15,7 @@ from dagster import AssetKey, DagsterInstance
 
 from assets.cli import main
 from assets.definitions import build_resources
-from assets.recipe import DEMO_RECIPE
+from tests.assets.curated import copy_curated, demo_raw, two_small_sources
 from tests.conftest import REPO
 from trainer.checkpoint.store import LocalCheckpoints, step_name
 from trainer.job.detach import read_job
@@ -25,16 +25,10 @@ BATCH = {"global_batch": 8, "micro_batch": 8, "seq_len": 64, "ramp_start": None,
 
 
 def write_recipe(path, main_steps=6):
-    raw = yaml.safe_load(DEMO_RECIPE.read_text())
-    raw["base_dir"] = str((DEMO_RECIPE.parent / raw["base_dir"]).resolve())
-    sources = {s["name"]: s for s in raw["sources"]}
-    for name in ("c4", "math"):
-        sources[name].pop("filter", None)
-    raw["sources"] = [sources["c4"], sources["math"]]
-    raw["decontamination"]["benchmarks"] = ["benchmarks/gsm8k_test.jsonl"]
-    raw["tokenizer"] = {"vocab_size": 1024, "sample_bytes": 400000}
-    for section in ("quality_classifier", "mixing"):
-        raw.pop(section, None)
+    """The curated home's two sources (tests/assets/curated.py), with three tiny training stages."""
+    raw = demo_raw()
+    two_small_sources(raw)
+    raw.pop("mixing", None)
     raw["training"] = {
         "main": {"train_tokens": main_steps * 8 * 64, "model": MODEL, "batch": BATCH, "optim": {"lr": 3e-3},
                  "deepspeed": {"zero_stage": 1, "bf16": "auto"},
@@ -56,14 +50,14 @@ def metadata(key: str) -> dict:
     return {k: v.value for k, v in event.asset_materialization.metadata.items()}
 
 
-@pytest.mark.slow  # ~2-3 min: curation of two small sources, three tiny training stages, three evaluations
-def test_every_stage_trains_from_the_one_before_and_is_evaluated(tmp_path, monkeypatch, capsys):
+@pytest.mark.slow  # ~2 min: three tiny training stages and three evaluations on the session's curated home
+def test_every_stage_trains_from_the_one_before_and_is_evaluated(tmp_path, monkeypatch, capsys, curated_home):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     recipe = tmp_path / "recipe.yaml"
     write_recipe(recipe)
     monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
-    assert main(["materialize"]) == 0
+    assert main(["materialize", "--stale"]) == 0  # the training stages and their evaluations: curation is fresh
 
     store = build_resources()["store"].open()
     stages = {name: metadata(f"training/{name}") for name in ("main", "long_128", "anneal")}
@@ -140,13 +134,12 @@ def test_every_stage_trains_from_the_one_before_and_is_evaluated(tmp_path, monke
 
 
 @pytest.mark.slow  # ~1-2 min
-def test_a_killed_main_run_resumes_from_its_last_checkpoint(tmp_path, monkeypatch):
+def test_a_killed_main_run_resumes_from_its_last_checkpoint(tmp_path, monkeypatch, curated_home):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     recipe = tmp_path / "recipe.yaml"
     write_recipe(recipe, main_steps=24)
     monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
-    assert main(["materialize", "--select", "+tokenization/c4/packed,+tokenization/math/packed"]) == 0
 
     command = [sys.executable, "-m", "assets.cli", "materialize", "--select", "training/main"]
     proc = subprocess.Popen(command, cwd=REPO, start_new_session=True,
@@ -214,8 +207,9 @@ def trainer_processes(run_json) -> list[int]:
     return found
 
 
-@pytest.mark.slow  # ~2 min: curation of two small sources, the main run twice (killed once, then uninterrupted)
-def test_a_killed_run_worker_leaves_the_job_training_and_the_next_run_follows_it(tmp_path, monkeypatch, capsys):
+@pytest.mark.slow  # ~1-2 min: the main run twice (killed once, then uninterrupted) on copies of the curated home
+def test_a_killed_run_worker_leaves_the_job_training_and_the_next_run_follows_it(tmp_path, monkeypatch, capsys,
+                                                                                 curated_template, curated_home):
     """SIGKILL to the process running the Dagster run (the CLI here) mid-training: the trainer goes on; the next
     materialization follows that job instead of starting a second trainer, no step is trained twice, and the final
     checkpoint is bit for bit the one an uninterrupted run writes."""
@@ -224,7 +218,6 @@ def test_a_killed_run_worker_leaves_the_job_training_and_the_next_run_follows_it
     recipe = tmp_path / "recipe.yaml"
     write_recipe(recipe, main_steps=96)  # long enough (~2 s where bf16 is native) to find the job still running
     monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
-    assert main(["materialize", "--select", "+tokenization/c4/packed,+tokenization/math/packed"]) == 0
     work_root = tmp_path / "pretrain-home" / "work" / "training" / "main"
 
     proc = subprocess.Popen([sys.executable, "-m", "assets.cli", "materialize", "--select", "training/main"], cwd=REPO,
@@ -271,9 +264,10 @@ def test_a_killed_run_worker_leaves_the_job_training_and_the_next_run_follows_it
     from trainer.checkpoint.weights import checkpoint_weights
 
     other = tmp_path / "other-home"
+    copy_curated(curated_template, other)
     monkeypatch.setenv("PRETRAIN_HOME", str(other))
     monkeypatch.setenv("DAGSTER_HOME", str(other / "dagster"))
-    assert main(["materialize", "--select", "+training/main"]) == 0
+    assert main(["materialize", "--stale", "--select", "+training/main"]) == 0
     [other_work] = (other / "work" / "training" / "main").glob("*")
     assert other_work.name == work.name and LocalCheckpoints(other_work / "checkpoints").committed()[-1] == final
     uninterrupted = [json.loads(line) for line in (other_work / "out" / "metrics.jsonl").read_text().splitlines()]
