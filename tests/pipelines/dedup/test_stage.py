@@ -1,5 +1,7 @@
 """The dedup stage's four datatrove phases on real C4/Dolma pages: the same bytes whatever the task count and the
-workers, a killed phase resumed, inputs streamed from the object store."""
+workers, a killed phase resumed, inputs streamed from the object store. On a Ray cluster: the executor test
+(tests/resources/test_executor.py) materializes this stage there and compares its files and counts with one local
+task's (that test took in this module's own Ray run, the same path, so Ray starts once in the suite)."""
 
 import gzip
 import json
@@ -15,7 +17,6 @@ from pipelines.runner import LocalRunner
 from pipelines.dedup.steps import Shard
 from pipelines.shards import iter_documents
 from tests.pipelines.dedup.test_minhash import c4_docs, edit_words, write_part  # noqa: F401  (c4_docs: a fixture)
-from tests.resources.test_executor import ray_cluster  # noqa: F401  (a fixture)
 
 
 @pytest.fixture(scope="module")
@@ -169,16 +170,6 @@ def test_shards_stream_from_the_object_store(tmp_path, corpus, store):
     # One worker: a forkserver started by an earlier test would not have this test's AWS_* variables.
     from_store, other = run_stage(tmp_path, sources, LocalRunner(workers=1, tasks=3), "store")
     assert other == out and from_store == from_disk
-
-
-@pytest.mark.slow  # ~30 s: a Ray cluster starts
-def test_ray_writes_the_same_bytes(tmp_path, corpus, ray_cluster):
-    from resources.executor import ExecutorResource
-
-    reference, out = run_stage(tmp_path, corpus, LocalRunner(workers=1, tasks=1), "local")
-    ray = ExecutorResource(kind="ray", workers=2, tasks=4, ray_address=ray_cluster, mem_per_cpu_gb=0.5)
-    stats, other = run_stage(tmp_path, corpus, ray, "ray")
-    assert other == out and stats == reference
 
 
 def test_the_counts_come_from_each_phases_stats(tmp_path, corpus):
