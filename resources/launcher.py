@@ -316,9 +316,19 @@ class LauncherResource(ConfigurableResource):
 
     def run_python(self, context: AssetExecutionContext, args: list[str], work_dir: str | os.PathLike) -> None:
         """One plain Python process under Pipes on this machine (an evaluation, not a training job)."""
-        env = {**os.environ, **self.env}
-        env.pop("WORLD_SIZE", None)
+        env = plain_process_env({**os.environ, **self.env})
         PipesSubprocessClient(env=env, cwd=str(work_dir)).run(context=context, command=[sys.executable, *args])
+
+
+# What a launcher tells each rank of a process group. A plain process must see none of them: with LOCAL_RANK alone
+# (left by anything that ran a one-rank group in the parent process) lm-eval's Accelerate takes a CPU process for
+# one of several ranks and waits for an env:// rendezvous that fails ("environment variable RANK expected").
+RANK_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def plain_process_env(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` without RANK_VARIABLES: a process that runs alone, not as a rank of some other process group."""
+    return {name: value for name, value in env.items() if name not in RANK_VARIABLES}
 
 
 # The first line of a hostfile the launcher wrote without some nodes: which ones (DeepSpeed skips # lines).

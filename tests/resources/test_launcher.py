@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 from dagster import AssetExecutionContext, DagsterInstance, MaterializeResult, MetadataValue, asset, materialize
 
-from resources.launcher import LauncherResource
+from resources.launcher import RANK_VARIABLES, LauncherResource, plain_process_env
 from tests.conftest import REPO
 from tests.trainer.conftest import run_dict
 from tests.trainer.faults import fault_env
@@ -36,6 +37,20 @@ def test_commands_for_each_launcher(tmp_path):
         LauncherResource(launcher="torchrun", nnodes=2).command(run)
     with pytest.raises(ValueError, match="one process"):
         LauncherResource(nproc_per_node=2).command(run)
+
+
+def test_a_plain_process_runs_alone_whatever_ranks_its_parent_was_told():
+    """An evaluation is one process. A parent that ran a one-rank group keeps LOCAL_RANK (trainer.parallel.engine
+    sets it); started with that, lm-eval's Accelerate took the evaluation for one of several CPU ranks and failed at
+    its env:// rendezvous (seen in the demo staleness test under the AVX2 pair, after such a test on its worker)."""
+    probe = [sys.executable, "-c", "from accelerate import PartialState; print(PartialState(cpu=True).distributed_type)"]
+    told = {**os.environ, "LOCAL_RANK": "0"}
+    leaked = subprocess.run(probe, env=told, capture_output=True, text=True, timeout=300)
+    assert leaked.returncode != 0 and "env:// rendezvous" in leaked.stderr, leaked.stderr[-2000:]
+    alone = subprocess.run(probe, env=plain_process_env(told), capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0 and alone.stdout.strip() == "DistributedType.NO", alone.stderr[-2000:]
+    every = {**told, **{name: "1" for name in RANK_VARIABLES}}
+    assert plain_process_env(every) == {k: v for k, v in told.items() if k not in RANK_VARIABLES}
 
 
 def test_a_training_asset_streams_the_trainers_progress_into_dagster(tmp_path, monkeypatch):
