@@ -38,6 +38,9 @@ How the processes start is resource configuration, never asset code:
 - launcher "slurm": a batch job of nnodes nodes (sbatch; partition, time, GPUs and extra sbatch args in `slurm`,
   resources/slurm.py) whose one srun step runs a torchrun per node with a c10d rendezvous on the step's first
   node. Submit from any host that can run sbatch; the work dir, venv and store must be on a shared filesystem.
+
+Long because one resource launches, restarts, follows and stops every launcher kind's job, and the loop that does it
+is one piece; Slurm's own arguments live in resources/slurm.py, the job files in trainer/job/.
 """
 
 from __future__ import annotations
@@ -320,15 +323,13 @@ class LauncherResource(ConfigurableResource):
         PipesSubprocessClient(env=env, cwd=str(work_dir)).run(context=context, command=[sys.executable, *args])
 
 
-# What a launcher tells each rank of a process group. A plain process must see none of them: with LOCAL_RANK alone
-# (left by anything that ran a one-rank group in the parent process) lm-eval's Accelerate takes a CPU process for
-# one of several ranks and waits for an env:// rendezvous that fails ("environment variable RANK expected").
+# What a launcher tells a rank. With LOCAL_RANK alone (left by a one-rank group in the parent) lm-eval's Accelerate
+# takes a plain CPU process for one of several ranks and fails at an env:// rendezvous.
 RANK_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 def plain_process_env(env: Mapping[str, str]) -> dict[str, str]:
-    """`env` without RANK_VARIABLES: a process that runs alone, not as a rank of some other process group."""
-    return {name: value for name, value in env.items() if name not in RANK_VARIABLES}
+    return {name: value for name, value in env.items() if name not in RANK_VARIABLES}  # runs alone, as no rank
 
 
 # The first line of a hostfile the launcher wrote without some nodes: which ones (DeepSpeed skips # lines).
