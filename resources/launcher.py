@@ -319,8 +319,8 @@ class LauncherResource(ConfigurableResource):
 
     def run_python(self, context: AssetExecutionContext, args: list[str], work_dir: str | os.PathLike) -> None:
         """One plain Python process under Pipes on this machine (an evaluation, not a training job)."""
-        env = plain_process_env({**os.environ, **self.env})
-        PipesSubprocessClient(env=env, cwd=str(work_dir)).run(context=context, command=[sys.executable, *args])
+        client = PipesSubprocessClient(env=dict(self.env), cwd=str(work_dir))
+        client.run(context=context, command=plain_process([sys.executable, *args]))
 
 
 # What a launcher tells a rank. With LOCAL_RANK alone (left by a one-rank group in the parent) lm-eval's Accelerate
@@ -328,8 +328,9 @@ class LauncherResource(ConfigurableResource):
 RANK_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
-def plain_process_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {name: value for name, value in env.items() if name not in RANK_VARIABLES}  # runs alone, as no rank
+def plain_process(command: list[str]) -> list[str]:
+    """`command` run alone, as no rank: Pipes always passes this process's environment on, so `env -u` unsets."""
+    return ["env", *(f"--unset={name}" for name in RANK_VARIABLES), *command]
 
 
 # The first line of a hostfile the launcher wrote without some nodes: which ones (DeepSpeed skips # lines).

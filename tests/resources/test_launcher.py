@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from dagster import AssetExecutionContext, DagsterInstance, MaterializeResult, MetadataValue, asset, materialize
 
-from resources.launcher import RANK_VARIABLES, LauncherResource, plain_process_env
+from resources.launcher import LauncherResource, plain_process
 from tests.conftest import REPO
 from tests.trainer.conftest import run_dict
 from tests.trainer.faults import fault_env
@@ -44,13 +44,15 @@ def test_a_plain_process_runs_alone_whatever_ranks_its_parent_was_told():
     sets it); started with that, lm-eval's Accelerate took the evaluation for one of several CPU ranks and failed at
     its env:// rendezvous (seen in the demo staleness test under the AVX2 pair, after such a test on its worker)."""
     probe = [sys.executable, "-c", "from accelerate import PartialState; print(PartialState(cpu=True).distributed_type)"]
-    told = {**os.environ, "LOCAL_RANK": "0"}
+    told = {**os.environ, "LOCAL_RANK": "0"}  # passed on whole, as Pipes does
     leaked = subprocess.run(probe, env=told, capture_output=True, text=True, timeout=300)
     assert leaked.returncode != 0 and "env:// rendezvous" in leaked.stderr, leaked.stderr[-2000:]
-    alone = subprocess.run(probe, env=plain_process_env(told), capture_output=True, text=True, timeout=300)
+    alone = subprocess.run(plain_process(probe), env=told, capture_output=True, text=True, timeout=300)
     assert alone.returncode == 0 and alone.stdout.strip() == "DistributedType.NO", alone.stderr[-2000:]
-    every = {**told, **{name: "1" for name in RANK_VARIABLES}}
-    assert plain_process_env(every) == {k: v for k, v in told.items() if k not in RANK_VARIABLES}
+    printed = subprocess.run(plain_process(["env"]), env={**told, "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "KEPT": "yes"},
+                             capture_output=True, text=True, check=True).stdout.splitlines()
+    assert "KEPT=yes" in printed and not [line for line in printed if line.split("=")[0] in (
+        "LOCAL_RANK", "MASTER_ADDR", "RANK", "WORLD_SIZE")]
 
 
 def test_a_training_asset_streams_the_trainers_progress_into_dagster(tmp_path, monkeypatch):
