@@ -18,20 +18,12 @@ import yaml
 
 from assets.recipe import DEMO_RECIPE
 
-TWO_SOURCES_PACKED = "+tokenization/c4/packed,+tokenization/math/packed"
-
-
-def demo_raw() -> dict:
-    """The demo recipe as a dict, its base_dir made absolute so a copy may be written anywhere."""
+def two_small_sources() -> dict:
+    """The demo recipe as a dict (base_dir absolute, so a copy may be written anywhere) with the curation that
+    `curated_template` holds: c4 and math unfiltered (the curation chain is tested elsewhere; here it only feeds
+    training), GSM8K's test set as the benchmark, a 1,024-token tokenizer, no quality classifier."""
     raw = yaml.safe_load(DEMO_RECIPE.read_text())
     raw["base_dir"] = str((DEMO_RECIPE.parent / raw["base_dir"]).resolve())
-    return raw
-
-
-def two_small_sources(raw: dict) -> None:
-    """`raw`'s curation made the one `curated_template` holds: c4 and math unfiltered (the curation chain is tested
-    elsewhere; here it only feeds training), GSM8K's test set as the benchmark, a 1,024-token tokenizer, no quality
-    classifier."""
     sources = {s["name"]: s for s in raw["sources"]}
     for name in ("c4", "math"):
         sources[name].pop("filter", None)
@@ -39,6 +31,7 @@ def two_small_sources(raw: dict) -> None:
     raw["decontamination"]["benchmarks"] = ["benchmarks/gsm8k_test.jsonl"]
     raw["tokenizer"] = {"vocab_size": 1024, "sample_bytes": 400000}
     raw.pop("quality_classifier", None)
+    return raw
 
 
 @pytest.fixture(scope="session")
@@ -47,8 +40,7 @@ def curated_template(tmp_path_factory) -> Path:
     from assets.cli import main
 
     root = tmp_path_factory.mktemp("curated-c4-math")
-    raw = demo_raw()
-    two_small_sources(raw)
+    raw = two_small_sources()
     for section in ("mixing", "training", "evaluation"):  # they name the demo's other sources; not curation
         raw.pop(section, None)
     recipe = root / "recipe.yaml"
@@ -58,7 +50,7 @@ def curated_template(tmp_path_factory) -> Path:
         env.setenv("PRETRAIN_HOME", str(home))
         env.setenv("DAGSTER_HOME", str(home / "dagster"))
         env.setenv("PRETRAIN_RECIPE", str(recipe))
-        assert main(["materialize", "--select", TWO_SOURCES_PACKED]) == 0
+        assert main(["materialize", "--select", "+tokenization/c4/packed,+tokenization/math/packed"]) == 0
     return home
 
 

@@ -8,7 +8,7 @@ import yaml
 from dagster import AssetKey, DagsterInstance
 
 from assets.cli import main
-from tests.assets.curated import demo_raw, two_small_sources
+from tests.assets.curated import two_small_sources
 
 PROXY = {"train_tokens": 8 * 64 * 6, "model": {"vocab_size": 1024, "d_model": 32, "n_layers": 1, "n_heads": 2},
          "batch": {"global_batch": 8, "micro_batch": 8, "seq_len": 64, "ramp_start": None},
@@ -17,8 +17,7 @@ PROXY = {"train_tokens": 8 * 64 * 6, "model": {"vocab_size": 1024, "d_model": 32
 
 def write_recipe(path, proxy_tokens: int = PROXY["train_tokens"]):
     """The curated home's two sources (tests/assets/curated.py), a sweep of three candidates over them."""
-    raw = demo_raw()
-    two_small_sources(raw)
+    raw = two_small_sources()
     for stage in ("long_context", "anneal"):  # the proxy is training.main with mixing.proxy over it
         raw["training"].pop(stage, None)
     raw["mixing"] = {"prior": {"c4": 0.5, "math": 0.5}, "candidates": 3, "concentration": 4.0, "target": "average",

@@ -15,7 +15,7 @@ from dagster import AssetKey, DagsterInstance
 
 from assets.cli import main
 from assets.definitions import build_resources
-from tests.assets.curated import copy_curated, demo_raw, two_small_sources
+from tests.assets.curated import copy_curated, two_small_sources
 from tests.conftest import REPO
 from trainer.checkpoint.store import LocalCheckpoints, step_name
 from trainer.job.detach import read_job
@@ -26,8 +26,7 @@ BATCH = {"global_batch": 8, "micro_batch": 8, "seq_len": 64, "ramp_start": None,
 
 def write_recipe(path, main_steps=6):
     """The curated home's two sources (tests/assets/curated.py), with three tiny training stages."""
-    raw = demo_raw()
-    two_small_sources(raw)
+    raw = two_small_sources()
     raw.pop("mixing", None)
     raw["training"] = {
         "main": {"train_tokens": main_steps * 8 * 64, "model": MODEL, "batch": BATCH, "optim": {"lr": 3e-3},
