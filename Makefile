@@ -59,8 +59,9 @@ demo: $(STAMP)
 
 # The whole suite (what CI runs): real S3, PostgreSQL, Slurm, Ray, Chromium and DeepSpeed runs, 39 minutes on 2 cores
 # with the install (README, Layout; the aim is 30). Two pytest-xdist workers: most tests wait on trainers, Dagster runs
-# and servers, and one process kept 2 cores 57% busy. `--dist loadgroup`: the tests of one session fixture (the S3
-# server, the Slurm cluster, the curated home) run on one worker (tests/conftest.py), so none is built twice.
+# and servers, and one process kept 2 cores 57% busy. `--dist loadgroup`: the tests of one session or module fixture
+# (the S3 server, the Slurm cluster, the curated home, a module's reference run) run on one worker (tests/conftest.py),
+# so none is built twice.
 XDIST := -n 2 --dist loadgroup
 test: system-deps $(STAMP)
 	$(BIN)/python -m pytest -q $(XDIST) --durations=30

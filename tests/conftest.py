@@ -32,23 +32,56 @@ from tests.s3_server import moto_server, s3, s3_proxy, store  # noqa: E402,F401 
 from tests.slurm_cluster import slurm, slurm_cluster  # noqa: E402,F401  (a real Slurm on this host)
 
 
-# Session fixtures a worker builds once: a test that uses one runs on the worker that built it (make test runs two
-# workers with pytest-xdist's --dist loadgroup), so each is built once, as in a run without workers. {fixture: group}
-SESSION_GROUPS = {"moto_server": "session-servers", "slurm_cluster": "session-servers",
-                  "curated_template": "curated-c4-math"}  # tests/assets/conftest.py
+# Fixtures broader than a test (session or module scope) are built once per worker that runs a test using them: make
+# test runs two pytest-xdist workers with --dist loadgroup, so every test of such a fixture is put in one group, on one
+# worker, and the fixture is built once, as in a run without workers. Fixtures that one test uses together join one
+# group (else that test's worker would build them again). Groups named here read better in test ids than
+# "<module>.<fixture>": the servers (tests/s3_server.py, tests/slurm_cluster.py) share a worker, and the curated home
+# (tests/assets/curated.py).
+GROUP_NAMES = {"moto_server": "session-servers", "slurm_cluster": "session-servers",
+               "curated_template": "curated-c4-math"}
+
+
+def shared_fixture_groups(items) -> dict:
+    """{test item: its group}, for the tests that use a session or module fixture of this suite (not pytest's own,
+    such as tmp_path_factory): fixtures joined when one test uses both, or when GROUP_NAMES gives them one name."""
+    parent: dict[str, str] = {}
+
+    def root(label: str) -> str:
+        while parent.setdefault(label, label) != label:
+            label = parent[label]
+        return label
+
+    def join(a: str, b: str) -> None:
+        a, b = root(a), root(b)
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+
+    used = {}
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        labels = []
+        for name in getattr(item, "fixturenames", ()):
+            defs = info.name2fixturedefs.get(name) if info else None
+            fixture = defs[-1] if defs else None
+            if fixture is None or fixture.scope == "function" or not fixture.func.__module__.startswith("tests."):
+                continue
+            labels.append(GROUP_NAMES.get(name, f"{fixture.func.__module__.rsplit('.', 1)[-1]}.{name}"))
+        for label in labels:
+            join(labels[0], label)
+        if labels:
+            used[item] = labels[0]
+    return {item: root(label) for item, label in used.items()}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
-    """Tests of one session fixture (the servers, the curated home) share one worker; tests marked `gpu` run only
-    where CUDA is present (the device machine); CI has none."""
+    """Tests of one shared fixture share one worker (shared_fixture_groups); tests marked `gpu` run only where CUDA
+    is present (the device machine); CI has none."""
     import torch
 
-    for item in items:
-        groups = {SESSION_GROUPS[name] for name in getattr(item, "fixturenames", ()) if name in SESSION_GROUPS}
-        if groups:
-            # A test of both would be a group of its own, building both again on its worker: none uses both.
-            item.add_marker(pytest.mark.xdist_group("+".join(sorted(groups))))
+    for item, group in shared_fixture_groups(items).items():
+        item.add_marker(pytest.mark.xdist_group(group))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (marker gpu); none is present here")
