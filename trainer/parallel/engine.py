@@ -148,6 +148,31 @@ class PreClipNorm:
         return float(norm)
 
 
+def _import_deepspeed_muon_uncompiled() -> None:
+    """DeepSpeed's ZeRO sanity check (is_zero_supported_optimizer) imports its Muon optimizer, whose module decorates
+    kernels with torch.compile at import: inductor's configuration is imported for that, 1.3-1.7 s of each rank's
+    start-up on CPU (a tiny run's engine took 2.6-3.0 s, 1.3 s without). No run here uses Muon: its module is
+    imported once with TorchDynamo off for that import alone, so those decorators are no-ops, and nothing compiled
+    later (flex attention, compiled blocks) is affected."""
+    import importlib
+    import sys
+
+    name = "deepspeed.runtime.zero.muon.muon_optimizer"
+    if name in sys.modules:
+        return
+    before = os.environ.get("TORCHDYNAMO_DISABLE")
+    os.environ["TORCHDYNAMO_DISABLE"] = "1"  # read by torch._dynamo.optimize at each call, not cached
+    try:
+        importlib.import_module(name)
+    except ImportError:  # as DeepSpeed's own check: Muon is optional
+        pass
+    finally:
+        if before is None:
+            del os.environ["TORCHDYNAMO_DISABLE"]
+        else:
+            os.environ["TORCHDYNAMO_DISABLE"] = before
+
+
 def build_engine(model: torch.nn.Module, cfg: RunConfig, dist: Dist, *, load_universal: bool = False):
     import gc
 
@@ -158,6 +183,7 @@ def build_engine(model: torch.nn.Module, cfg: RunConfig, dist: Dist, *, load_uni
     # those objects are skipped; they are long-lived anyway, and come back under the collector afterwards.
     gc.freeze()
     try:
+        _import_deepspeed_muon_uncompiled()
         optimizer = build_optimizer(model, cfg.optim)  # a pipeline stage: only its own layers' parameters
         engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer,

@@ -116,3 +116,37 @@ def test_the_fp32_weights_of_a_two_rank_bf16_zero1_checkpoint_round_to_its_bf16_
     for name, bf16 in module.items():
         assert bf16.dtype == torch.bfloat16 and torch.equal(weights[name].to(torch.bfloat16), bf16), name
     assert any(not torch.equal(weights[name], bf16.float()) for name, bf16 in module.items())  # fp32, not the copies
+
+
+PROBE = """
+import os, sys
+import torch
+from trainer.parallel.engine import _import_deepspeed_muon_uncompiled
+_import_deepspeed_muon_uncompiled()
+assert "deepspeed.runtime.zero.muon.muon_optimizer" in sys.modules
+assert "torch._inductor.compile_fx" not in sys.modules, "importing Muon compiled its kernels"
+assert os.environ.get("TORCHDYNAMO_DISABLE") == sys.argv[1] or (sys.argv[1] == "" and "TORCHDYNAMO_DISABLE" not in os.environ)
+from torch._dynamo.utils import counters
+double = torch.compile(lambda x: x * 2, backend="eager")
+assert torch.equal(double(torch.ones(3)), torch.full((3,), 2.0))
+print("compiled frames", counters["frames"]["ok"])
+"""
+
+
+@pytest.mark.parametrize("disable", ["", "0"])
+def test_deepspeeds_muon_is_imported_without_compiling_and_compiling_still_works_after(disable):
+    """The ZeRO check's Muon import costs no inductor import (1.3-1.7 s a rank), the environment is as it was, and
+    torch.compile afterwards still compiles (flex attention and compiled blocks rely on it)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    env = {k: v for k, v in os.environ.items() if k != "TORCHDYNAMO_DISABLE"}
+    if disable:
+        env["TORCHDYNAMO_DISABLE"] = disable
+    done = subprocess.run([sys.executable, "-c", PROBE, disable], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int(done.stdout.split()[-1]) >= 1, done.stdout
