@@ -11,7 +11,6 @@ Two of them read less than the demo does (`smaller_corpus`): what reruns does no
 
 import copy
 import json
-import zlib
 from pathlib import Path
 
 import pytest
@@ -21,23 +20,10 @@ from assets.cli import main
 from assets.definitions import build_defs
 from assets.recipe import load_recipe
 from tests.assets.test_cli import materialization_counts, set_math_min_chars, shorter_training, status_rows, write_demo_copy
+from tests.pipelines.ingest.test_step import gzip_members
 
 DATA_VERSION_TAG = "dagster/data_version"
-
-
 WEB_PAGES = 250  # of the crawl's 1,171: its filters' drops, kept pages and near-duplicates all still occur
-
-
-def first_pages(crawl: Path, pages: int, out: Path) -> Path:
-    """The first `pages` records of a WARC with one gzip member per record (web-pages.warc.gz), copied as they
-    are (the compressed members, unchanged) into `out`."""
-    data, end = crawl.read_bytes(), 0
-    for _ in range(pages):
-        member = zlib.decompressobj(31)  # 31: a gzip member; what it leaves unused starts the next one
-        member.decompress(data[end:])
-        end = len(data) - len(member.unused_data)
-    out.write_bytes(data[:end])
-    return out
 
 
 def smaller_corpus(raw, web_warc: Path):
@@ -95,7 +81,8 @@ def test_the_demo_reruns_exactly_what_a_change_touches_and_keeps_the_tokenizer(t
                                                                              shared_data):
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     recipe = tmp_path / "recipe.yaml"
-    web_warc = first_pages(shared_data / "crawl/web-pages.warc.gz", WEB_PAGES, tmp_path / "web-pages-head.warc.gz")
+    web_warc = tmp_path / "web-pages-head.warc.gz"  # the first pages' gzip members, as they are
+    web_warc.write_bytes(b"".join(gzip_members(shared_data / "crawl/web-pages.warc.gz", WEB_PAGES)))
     write_demo_copy(recipe, lambda raw: cheaper(raw, web_warc))
     monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
     missing = status_rows(capsys)
