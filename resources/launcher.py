@@ -68,7 +68,9 @@ from dagster import (
 )
 
 from resources.slurm import SlurmConfig, pipes_files, sbatch_options, step_command
-# trainer/exits.py and trainer/job/detach.py are torch-free: the launcher never imports torch.
+# trainer/evaluation/harness.py, trainer/exits.py and trainer/job/detach.py are torch-free at import: the launcher never
+# imports torch.
+from trainer.evaluation.harness import RANK_VARIABLES
 from trainer.exits import DRAIN_ENV, DRAIN_EXIT, FAILURE_FILE, HANG_EXIT, NOT_RESTARTABLE, SDC_EXIT
 from trainer.job.detach import Job, read_job, release, start_job, submit_job, write_job
 
@@ -323,13 +325,9 @@ class LauncherResource(ConfigurableResource):
         client.run(context=context, command=plain_process([sys.executable, *args]))
 
 
-# What a launcher tells a rank. With LOCAL_RANK alone (left by a one-rank group in the parent) lm-eval's Accelerate
-# takes a plain CPU process for one of several ranks and fails at an env:// rendezvous.
-RANK_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
 def plain_process(command: list[str]) -> list[str]:
-    """`command` run alone, as no rank: Pipes always passes this process's environment on, so `env -u` unsets."""
+    """`command` run alone, as no rank: Pipes always passes this process's environment on, so `env -u` unsets. With
+    LOCAL_RANK alone (left by a one-rank group in the parent) a process could take itself for one of several ranks."""
     return ["env", *(f"--unset={name}" for name in RANK_VARIABLES), *command]
 
 

@@ -21,6 +21,7 @@ Needs the `[eval]` extra (lm-eval[hf]); without it `lm_eval_checkpoint` raises H
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -28,6 +29,9 @@ from pathlib import Path
 import yaml
 
 from trainer.evaluation.tasks import TASKS as FILES  # the benchmark file of each task: one place for both evaluators
+
+# What a launcher tells a rank (torchrun's variables; Accelerate and torch.distributed's env:// read them).
+RANK_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 # What each task changes in lm-eval's own task YAML (relative to lm_eval/tasks/) to read the local file.
 LM_EVAL_TASKS: dict[str, dict] = {
@@ -132,14 +136,28 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], *, benchmarks: str | Pa
 
     check_fits(model_dir, tasks, benchmarks=benchmarks, limit=limit)
     folder = write_tasks(work / "tasks", tasks, benchmarks=benchmarks, hf_cache=hf_cache)
-    results = lm_eval.simple_evaluate(
-        model="hf", model_args=f"pretrained={model_dir},dtype=float32", tasks=list(tasks), limit=limit,
-        device="cuda" if torch.cuda.is_available() else "cpu", batch_size=batch_size, log_samples=log_samples,
-        bootstrap_iters=bootstrap_iters, task_manager=TaskManager(include_path=str(folder), include_defaults=False))
+    with one_process():
+        results = lm_eval.simple_evaluate(
+            model="hf", model_args=f"pretrained={model_dir},dtype=float32", tasks=list(tasks), limit=limit,
+            device="cuda" if torch.cuda.is_available() else "cpu", batch_size=batch_size, log_samples=log_samples,
+            bootstrap_iters=bootstrap_iters, task_manager=TaskManager(include_path=str(folder), include_defaults=False))
     out = json.loads(json.dumps(results, default=handle_non_serializable))
     out["table"] = make_table(results)
     out["headline"] = {name: FILES[name].metrics[0] for name in tasks}  # what a summary shows of each task
     return out
+
+
+@contextlib.contextmanager
+def one_process():
+    """lm-eval runs as one process, whatever this process's environment says; the rank variables are back after.
+    A one-rank trainer run in this process leaves LOCAL_RANK set (DeepSpeed asserts it; trainer.parallel.engine), and
+    a launcher's variables may be inherited: with them lm-eval's Accelerate took `pretrain eval` for one of several
+    CPU ranks and failed at its env:// rendezvous ("environment variable RANK expected")."""
+    saved = {name: os.environ.pop(name) for name in RANK_VARIABLES if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
 
 
 def check_fits(model_dir: str | Path, tasks: list[str], *, benchmarks: str | Path, limit: int | None) -> None:

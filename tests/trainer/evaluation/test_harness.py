@@ -5,11 +5,14 @@ same items: the same requests to the character, the same log-likelihoods, the sa
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from tests.conftest import SHARED_DATA
+from tests.conftest import REPO, SHARED_DATA
 from tests.trainer.conftest import run_dict
 
 BENCH = SHARED_DATA / "benchmarks"
@@ -129,3 +132,22 @@ def test_a_bad_task_a_missing_file_or_a_too_long_continuation_is_named_before_lm
     with pytest.raises(ValueError, match=r"piqa: item 0 has a continuation of \d+ tokens, more than the model's "
                                          r"context \(24\)"):
         check_fits(tmp_path, ["piqa"], benchmarks=BENCH, limit=3)
+
+
+def test_lm_eval_runs_as_one_process_whatever_rank_variables_this_process_holds():
+    """A one-rank trainer run in the process (trainer.parallel.engine sets LOCAL_RANK) made `pretrain eval`'s
+    Accelerate wait for other ranks (seen in test_training after such a test on its pytest worker). Accelerate itself
+    decides, in a process of its own: LOCAL_RANK and MASTER_ADDR set, then one_process(), then the variables back."""
+    probe = "\n".join([
+        "import os",
+        "from trainer.evaluation.harness import one_process",
+        "with one_process():",
+        "    from accelerate import PartialState",
+        "    print(PartialState(cpu=True).distributed_type)",
+        "print(os.environ['LOCAL_RANK'], os.environ['MASTER_ADDR'], 'RANK' in os.environ)",
+    ])
+    env = {**os.environ, "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    env.pop("RANK", None)
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[:2] == ["DistributedType.NO", "0 127.0.0.1 False"], done.stdout
