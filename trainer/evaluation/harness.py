@@ -153,11 +153,12 @@ def one_process():
     A one-rank trainer run in this process leaves LOCAL_RANK set (DeepSpeed asserts it; trainer.parallel.engine), and
     a launcher's variables may be inherited: with them lm-eval's Accelerate took `pretrain eval` for one of several
     CPU ranks and failed at its env:// rendezvous ("environment variable RANK expected")."""
-    saved = {name: os.environ.pop(name) for name in RANK_VARIABLES if name in os.environ}
-    try:
+    from unittest import mock
+
+    with mock.patch.dict(os.environ):  # the whole environment is put back after
+        for name in RANK_VARIABLES:
+            os.environ.pop(name, None)
         yield
-    finally:
-        os.environ.update(saved)
 
 
 def check_fits(model_dir: str | Path, tasks: list[str], *, benchmarks: str | Path, limit: int | None) -> None:

@@ -154,23 +154,13 @@ def _import_deepspeed_muon_uncompiled() -> None:
     start-up on CPU (a tiny run's engine took 2.6-3.0 s, 1.3 s without). No run here uses Muon: its module is
     imported once with TorchDynamo off for that import alone, so those decorators are no-ops, and nothing compiled
     later (flex attention, compiled blocks) is affected."""
+    import contextlib
     import importlib
-    import sys
+    from unittest import mock
 
-    name = "deepspeed.runtime.zero.muon.muon_optimizer"
-    if name in sys.modules:
-        return
-    before = os.environ.get("TORCHDYNAMO_DISABLE")
-    os.environ["TORCHDYNAMO_DISABLE"] = "1"  # read by torch._dynamo.optimize at each call, not cached
-    try:
-        importlib.import_module(name)
-    except ImportError:  # as DeepSpeed's own check: Muon is optional
-        pass
-    finally:
-        if before is None:
-            del os.environ["TORCHDYNAMO_DISABLE"]
-        else:
-            os.environ["TORCHDYNAMO_DISABLE"] = before
+    # TORCHDYNAMO_DISABLE is read by torch._dynamo.optimize at each call; patch.dict puts the environment back after.
+    with mock.patch.dict(os.environ, TORCHDYNAMO_DISABLE="1"), contextlib.suppress(ImportError):  # Muon is optional
+        importlib.import_module("deepspeed.runtime.zero.muon.muon_optimizer")
 
 
 def build_engine(model: torch.nn.Module, cfg: RunConfig, dist: Dist, *, load_universal: bool = False):
