@@ -1,7 +1,7 @@
 """The code part of a code version: a sha256 of the source text of the code an asset's output depends on.
 
     refs = ("assets.curation.raw_crawl",)               # a module: its text, and the engine modules it imports
-    refs = ("pipelines.filters.steps:PiiScrubber,scrub_pii",)  # top-level definitions of a module, nothing else
+    refs = ("pipelines.filters.pii:PiiScrubber,scrub_pii",)    # top-level definitions of a module, nothing else
     refs = ("trainer",)                                  # a package: every module in it
     code_digest(refs)                                    # sha256 hex of those texts, as a multiset
     code_parts(refs)                                     # {module or "module:Name": the text hashed}, to look at

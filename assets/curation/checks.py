@@ -3,7 +3,7 @@
 documents_valid (filtered, deduplicated, decontaminated): great-expectations 1.x called directly (dagster-ge needs
     GE < 1 and pandas < 3, docs/stack.md) on the output's documents: text present and within length
     bounds, unique ids, languages in the source's allowed set (for a source with a language filter), no PII pattern
-    left (the scrubber's own patterns, pipelines/filters/steps.py, under the source's PII settings). Severity ERROR, not
+    left (the scrubber's own patterns, pipelines/filters/pii.py, under the source's PII settings). Severity ERROR, not
     blocking: a violation shows on the asset, it does not stop the run.
     Never one DataFrame of a whole output: the recipe's `checks` section (assets/recipe.py ChecksConfig) says
     `chunks` (default: every document, in DataFrames of at most `chunk_documents` rows and `chunk_text_chars`
@@ -40,7 +40,8 @@ from dagster import AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, AssetK
 from assets.recipe import ChecksConfig
 from pipelines.decontam.index import BenchmarkIndex
 from pipelines.dedup.minhash import WordHasher, ngram_hashes, normalized_words
-from pipelines.filters.steps import FilterConfig, find_pii
+from pipelines.filters.pii import find_pii
+from pipelines.filters.steps import FilterConfig
 from pipelines.shards import store_documents
 from storage.objects import ObjectStore
 

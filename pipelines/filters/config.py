@@ -122,10 +122,16 @@ class QualityModelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class PiiConfig:
-    email: bool = True
-    ip: bool = True
-    phone: bool = True
-    credentials: bool = True  # cloud access keys, private-key blocks, secret=... assignments
+    """Which PII kinds pipelines/filters/pii.py replaces, by group; each placeholder is <KIND>."""
+
+    email: bool = True  # EMAIL
+    ip: bool = True  # IPV4 (not after "version", "v", ...), IPV6
+    phone: bool = True  # PHONE
+    credentials: bool = True  # AWS_ACCESS_KEY, PRIVATE_KEY blocks, SECRET (the value of secret=... assignments)
+    tokens: bool = True  # JWT, GITHUB_TOKEN, SLACK_TOKEN, GOOGLE_API_KEY, STRIPE_KEY
+    card: bool = True  # CARD_NUMBER: payment card numbers passing Luhn
+    iban: bool = True  # IBAN: with valid mod-97 check digits
+    ssn: bool = True  # SSN: US social security numbers of valid areas, groups and serials
 
 
 @dataclass(frozen=True, kw_only=True)

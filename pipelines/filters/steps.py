@@ -11,8 +11,8 @@ metadata.filter_reason): named after the input, so any number of tasks writes th
 
 The steps are datatrove's where they fit (URL, language, Gopher, C4, FineWeb), configured from the recipe,
 plus small steps of our own: malformed URLs, language-aware stop words, code heuristics, the quality model and
-PII scrubbing. Order: cheap and decisive first (URL, language), then the prose or code rules, then the model,
-and PII last so it only scrubs documents that are kept.
+PII scrubbing (pipelines/filters/pii.py). Order: cheap and decisive first (URL, language), then the prose or code
+rules, then the model, and PII last so it only scrubs documents that are kept.
 
 Language matters: Gopher's stop-word rule is English (it drops most German pages), so stop words come from a
 per-language table and a document whose language has no list skips that one rule, never the others.
@@ -20,12 +20,11 @@ per-language table and a document whose language has no list skips that one rule
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from datatrove.data import Document, DocumentsPipeline
+from datatrove.data import Document
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.filters import (
     C4QualityFilter,
@@ -51,6 +50,7 @@ from pipelines.filters.config import (  # noqa: F401,E402  (re-exported: the set
     PiiConfig,
     FilterConfig,
 )
+from pipelines.filters.pii import PiiScrubber
 from pipelines.filters.quality import QualityScorer
 from pipelines.runner import stat_totals
 from pipelines.shards import InputShardReader, InputShardWriter
@@ -242,100 +242,6 @@ class QualityModelFilter(BaseFilter):
         return True if score >= self.threshold else (False, "quality_model")
 
 
-# PII patterns, most specific first: a private-key block holds base64 that later patterns must not see.
-_PII_PATTERNS: list[tuple[str, str, re.Pattern]] = [
-    ("credentials", "PRIVATE_KEY", re.compile(
-        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----.*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----", re.DOTALL)),
-    ("credentials", "AWS_ACCESS_KEY", re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA)[0-9A-Z]{16}\b")),
-    # The value of an assignment to a secret-looking name (aws_secret_access_key = ..., api_key: "...").
-    ("credentials", "SECRET", re.compile(
-        r"(?i)(?P<keep>(?:secret|password|passwd|api[_-]?key|access[_-]?token|auth[_-]?token)[\w-]{0,24}"
-        r"[\"']?\s{0,3}[:=]\s{0,3}[\"']?)(?P<value>[A-Za-z0-9/+=_\-]{16,})")),
-    ("email", "EMAIL", re.compile(r"\b[A-Za-z0-9._%+\-]+@(?:[A-Za-z0-9\-]+\.)+[A-Za-z]{2,}\b")),
-    # Candidates only: each is validated with `ipaddress`, so clock times such as 12:30:45 stay.
-    ("ip", "IPV6", re.compile(r"(?<![\w:])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{1,4}|(?:\d{1,3}\.){3}\d{1,3})?(?![\w:])")),
-    ("ip", "IPV4", re.compile(r"(?<![\w.])(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(?![\w.])")),
-    # Only shapes that are phone numbers and rarely anything else (validated to 8-15 digits): an international
-    # +CC number, an (area) code, a national number with its trunk 0, a North American 555-123-4567. Plain
-    # digit groups ("120 125 130", coordinates, prices) are not phone numbers.
-    ("phone", "PHONE", re.compile(
-        r"(?<![\w+/.-])(?:\+\d{1,3}(?:[ -]?\(?\d{1,5}\)?){1,4}"
-        r"|\(0?\d{2,5}\)[ -]?\d{3,4}[ -]?\d{2,5}"
-        r"|0\d{1,4}[ /-]\d{3,4}(?:[ -]?\d{2,5})?"
-        r"|\d{3}([-.])\d{3}\1\d{4})(?![\w/-])")),
-]
-
-
-def _valid(kind: str, text: str) -> bool:
-    if kind == "IPV6":
-        return _valid_ipv6(text)
-    if kind == "PHONE":
-        return 8 <= sum(ch.isdigit() for ch in text) <= 15
-    return True
-
-
-def _valid_ipv6(text: str) -> bool:
-    if sum(ch.isalnum() for ch in text) < 2:  # "::" alone is punctuation (C++ scopes), not an address
-        return False
-    try:
-        ipaddress.IPv6Address(text)
-    except ValueError:
-        return False
-    return True
-
-
-def find_pii(text: str, config: PiiConfig = PiiConfig()) -> dict[str, list[str]]:
-    """PII still present in `text`, by placeholder type (what the scrubber would replace)."""
-    found: dict[str, list[str]] = {}
-    for group, kind, pattern in _PII_PATTERNS:
-        if not getattr(config, group):
-            continue
-        hits = [m.group("value") if "value" in pattern.groupindex else m.group(0) for m in pattern.finditer(text)]
-        hits = [h for h in hits if _valid(kind, h)]
-        if hits:
-            found[kind] = hits
-    return found
-
-
-def scrub_pii(text: str, config: PiiConfig = PiiConfig()) -> tuple[str, dict[str, int]]:
-    """`text` with PII replaced by typed placeholders (<EMAIL>, <IPV4>, ...), and the count per type."""
-    counts: dict[str, int] = {}
-    for group, kind, pattern in _PII_PATTERNS:
-        if not getattr(config, group):
-            continue
-
-        def replace(match: re.Match, kind=kind) -> str:
-            if not _valid(kind, match.group(0)):
-                return match.group(0)
-            counts[kind] = counts.get(kind, 0) + 1
-            # A secret's name stays ("api_key = <SECRET>"): only the value is sensitive.
-            return (match.group("keep") if "keep" in pattern.groupindex else "") + f"<{kind}>"
-
-        text = pattern.sub(replace, text)
-    return text, counts
-
-
-class PiiScrubber(PipelineStep):
-    """Replaces PII with typed placeholders; stats count `pii_<TYPE>` and `documents_scrubbed`."""
-
-    name = "🕵️ PII scrubber"
-    type = "✂️ - FORMAT"
-
-    def __init__(self, config: PiiConfig):
-        super().__init__()
-        self.config = config
-
-    def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        for doc in data:
-            with self.track_time():
-                doc.text, counts = scrub_pii(doc.text, self.config)
-            if counts:
-                self.stat_update("documents_scrubbed")
-                for kind, n in counts.items():
-                    self.stat_update(f"pii_{kind}", value=n)
-            yield doc
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # The pipeline
 
@@ -352,7 +258,9 @@ STEP_CODE: dict[str, tuple[str, ...]] = {
     "fineweb": (),
     "code": ("CodeQualityFilter",),
     "quality_model": ("QualityModelFilter",),
-    "pii": ("PiiScrubber", "scrub_pii", "_PII_PATTERNS", "_valid", "_valid_ipv6"),
+    "pii": tuple(f"filters.pii:{name}" for name in (
+        "PiiScrubber", "scrub_pii", "_scan", "_Rule", "_RULES", "_OCTET", "_luhn", "_card", "_iban", "_b64_json",
+        "_jwt", "_ssn", "_VERSION_BEFORE", "_ipv4", "_ipv6", "_phone")),
 }
 # What every source's filtering runs, whatever its steps.
 PIPELINE_CODE = ("filter_steps", "filter_pipeline", "filter_counts")
