@@ -1,5 +1,6 @@
-"""Decontamination: the benchmark n-gram index (sorted hashes behind a prefilter bitmap) and the scan that drops
-or cuts a document that shares n-grams with a benchmark, one task per input part.
+"""Decontamination: the benchmark items as page texts with their ids (items.py), the benchmark n-gram index
+(sorted hashes behind a prefilter bitmap, each naming its benchmark and item) and the scan that drops or cuts a
+document that shares n-grams with a benchmark and reports every hit, one task per input part.
 
 It may import pipelines.dedup.minhash (the word hashing), the shared pipelines.shards and pipelines.runner.
 """

@@ -8,10 +8,13 @@
     index.save(work / "index.npz")
     steps = [DecontamShards(store=store, keys=keys, index_path=work / "index.npz", config=config, output_dir=out)]
 
-Every benchmark item is turned into the texts a web page would contain (question with each choice, context with
-its continuation, prompt with its solution, ...: see ITEM_TEXTS), normalized like dedup does (NFKC, case-folded,
-words of \\w+), and each run of `ngram` words is hashed to uint64 into one sorted array (plus the benchmark it
-came from). A document's n-grams are hashed the same way and looked up with one vectorized searchsorted.
+Every benchmark item is turned into the texts a web page would contain (question with each choice and with all
+choices together, context with its continuation, prompt with its solution, ...: pipelines/decontam/items.py),
+normalized like dedup does (NFKC, case-folded, words of \\w+), and each run of `ngram` words is hashed to uint64
+into one sorted array, with the benchmark and the item (one uint32 into the index's item ids) it came from. A
+document's n-grams are hashed the same way and looked up with one vectorized searchsorted.
+Every hit is reported (`DecontamStats.report`, `report_line`): the part, the document's id, what was done to it
+(dropped or cut), the benchmark, the item's id and the matched text of each run of matching n-grams.
 A document with any hit is dropped (action "drop", written to removed-NNNNN.jsonl.gz with its benchmarks) or has
 the character spans of its matching n-grams cut out (action "cut"; a document left with no words is dropped).
 Each input part gives its own outputs, named after it (part-00003.jsonl.gz -> part-00003.jsonl.gz and
@@ -23,7 +26,6 @@ mostly of numbers are not indexed (`min_letter_words`): number runs are common t
 
 from __future__ import annotations
 
-import gzip
 import math
 import re
 import unicodedata
@@ -31,11 +33,12 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Callable, Iterable, Iterator, Literal, Sequence
+from typing import Iterable, Literal, Sequence
 
 import numpy as np
 import orjson
 
+from pipelines.decontam.items import benchmark_items, benchmark_name
 from pipelines.dedup.minhash import WordHasher, ngram_hashes, normalized_words
 from pipelines.shards import GzipLines, iter_documents
 
@@ -70,68 +73,15 @@ class DecontamConfig:
             raise ValueError(f"decontamination.action must be 'drop' or 'cut', got {self.action!r}")
 
 
-def _join(*parts) -> str:
-    return " ".join(str(p) for p in parts if p)
-
-
-# Benchmark layouts (../shared/data/README.md), recognized by their fields: item -> the texts to index.
-ITEM_TEXTS: list[tuple[frozenset, Callable[[dict], list[str]]]] = [
-    (frozenset({"ctx", "endings"}), lambda r: [_join(r["ctx"], e) for e in r["endings"]]),  # HellaSwag
-    (frozenset({"context_options", "continuation"}), lambda r: [_join(o, r["continuation"]) for o in r["context_options"]]),  # Winogrande
-    (frozenset({"query", "choices"}), lambda r: [_join(r["query"], c) for c in r["choices"]]),  # ARC, PIQA, OBQA, SIQA, CSQA, BoolQ
-    (frozenset({"question", "choices"}), lambda r: [_join(r["question"], c) for c in r["choices"]]),  # MMLU
-    (frozenset({"prompt", "canonical_solution"}), lambda r: [r["prompt"] + r["canonical_solution"]]),  # HumanEval
-    (frozenset({"context", "continuation"}), lambda r: [_join(r["context"], r["continuation"])]),  # LAMBADA
-    (frozenset({"question", "answer"}), lambda r: [_join(r["question"], r["answer"])]),  # GSM8K
-    (frozenset({"context", "answer"}), lambda r: [_join(r["context"], r.get("chain_of_thought"), r["answer"])]),  # MATH
-]
-
-
-def benchmark_name(path: Path) -> str:
-    name = Path(path).name
-    for suffix in (".gz", ".jsonl", ".json", ".txt"):
-        name = name.removesuffix(suffix)
-    return name
-
-
-def benchmark_texts(path: Path) -> Iterator[str]:
-    """The texts of one benchmark file to index. Plain text (.txt): one text per non-blank line."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"decontamination: benchmark file {path} does not exist")
-    opener = gzip.open if path.name.endswith(".gz") else open
-    plain = path.name.removesuffix(".gz").endswith(".txt")
-    with opener(path, "rb") as f:
-        if plain:
-            for line in f:
-                if line.strip():
-                    yield line.decode("utf-8", errors="replace")
-            return
-        extract = None
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                raise ValueError(f"decontamination: {path} line {number} is not JSON: {exc}") from None
-            if extract is None:
-                extract = next((fn for keys, fn in ITEM_TEXTS if keys <= record.keys()), None)
-                if extract is None:
-                    raise ValueError(
-                        f"decontamination: {path}: unknown benchmark layout, fields {sorted(record)}; known layouts "
-                        f"have fields {[sorted(keys) for keys, _ in ITEM_TEXTS]}"
-                    )
-            yield from extract(record)
-
-
 # The prefilter: one bit per value of an n-gram hash's top PREFILTER_BITS bits, set where some benchmark n-gram has
 # them (2**26 bits = 8 MiB, about 5% set by 3.7M benchmark n-grams). A document's n-grams are looked up in the sorted
 # hashes only where their bit is set: a binary search over tens of MB misses the caches at each of its last ~10
 # levels, and with every core scanning, memory, not arithmetic, set the pace (measured: half a task's time, and
 # each of 2 concurrent tasks ~12% slower than one alone).
 PREFILTER_BITS = 26
-INDEX_FORMAT = 2  # of the saved index (2: with its prefilter); a cache of the index keys on it
+# Of the saved index (2: with its prefilter; 3: each n-gram's item, multiple-choice items also with their choices
+# together); a cache of the index keys on it.
+INDEX_FORMAT = 3
 
 
 @dataclass
@@ -143,51 +93,84 @@ class BenchmarkIndex:
     items: dict[str, int] = field(default_factory=dict)  # texts indexed per benchmark
     short_items: dict[str, int] = field(default_factory=dict)  # texts shorter than ngram words, not indexed
     prefilter: np.ndarray | None = None  # (2**PREFILTER_BITS / 8,) uint8 bitmap over the hashes' top bits
+    # (M,) uint32 per hash: the first item (in file order) of its benchmark with that n-gram, an index into item_ids.
+    # One int per hash, not a list of every item with it: the report names one item per matching run.
+    item_of: np.ndarray | None = None
+    item_ids: list[str] = field(default_factory=list)  # each indexed item's id in its file ("line=12", "ind=24")
 
     def __post_init__(self) -> None:
         if self.prefilter is None:
             mask = np.zeros(1 << PREFILTER_BITS, dtype=bool)
             mask[self.hashes >> np.uint64(64 - PREFILTER_BITS)] = True
             self.prefilter = np.packbits(mask, bitorder="little")
+        if self.item_of is None:  # an index made by hand, without items: every hash names an unknown item
+            self.item_of = np.zeros(len(self.hashes), dtype=np.uint32)
+            self.item_ids = self.item_ids or ["unknown"]
 
     @classmethod
     def build(cls, paths: Sequence[Path], ngram: int, min_letter_words: float = 0.5) -> "BenchmarkIndex":
         hasher, letters = WordHasher(), _LetterCache()
         need = math.ceil(min_letter_words * ngram)
-        names, chunks, owners, items, short = [], [], [], {}, {}
+        names, chunks, owners, item_chunks, items, short = [], [], [], [], {}, {}
+        item_ids: list[str] = []
         for number, path in enumerate(paths):
             name = benchmark_name(path)
             if name in names:
                 raise ValueError(f"decontamination: two benchmark files are named {name!r}: {list(paths)}")
             names.append(name)
             items[name] = short[name] = 0
-            hashes = []
+            hashes, of = [], []
             words: list[str] = []  # the words of many texts, hashed in one vectorized pass per batch
             lengths: list[int] = []
-            for text in benchmark_texts(path):
-                text_words = normalized_words(text)
-                if len(text_words) < ngram:
-                    short[name] += 1
-                    continue
-                items[name] += 1
-                words += text_words
-                lengths.append(len(text_words))
-                if len(words) >= INDEX_BATCH_WORDS:
-                    hashes.append(_batch_ngrams(words, lengths, ngram, need, hasher, letters))
-                    words, lengths = [], []
+            text_items: list[int] = []  # the item number of each text of the batch
+
+            def flush():
+                grams, text = _batch_ngrams(words, lengths, ngram, need, hasher, letters)
+                hashes.append(grams)
+                of.append(np.asarray(text_items, dtype=np.uint32)[text])
+
+            for item, texts in benchmark_items(path):
+                item_number, indexed = len(item_ids), False
+                pieces: dict[str, list[str]] = {}  # an item's question comes in each of its texts: normalized once
+                for text in texts:
+                    text_words = []
+                    for piece in text:
+                        if piece not in pieces:
+                            pieces[piece] = normalized_words(piece)
+                        text_words += pieces[piece]
+                    if len(text_words) < ngram:
+                        short[name] += 1
+                        continue
+                    items[name] += 1
+                    words += text_words
+                    lengths.append(len(text_words))
+                    text_items.append(item_number)
+                    indexed = True
+                    if len(words) >= INDEX_BATCH_WORDS:
+                        flush()
+                        words, lengths, text_items = [], [], []
+                if indexed:
+                    item_ids.append(item)
             if words:
-                hashes.append(_batch_ngrams(words, lengths, ngram, need, hasher, letters))
-            unique = _sorted_unique(np.concatenate(hashes)) if hashes else np.empty(0, dtype=np.uint64)
+                flush()
+            if hashes:
+                unique, first = _first_per_hash(np.concatenate(hashes), np.concatenate(of))
+            else:
+                unique, first = np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.uint32)
             chunks.append(unique)
+            item_chunks.append(first)
             owners.append(np.full(len(unique), number, dtype=np.uint16))
         all_hashes = np.concatenate(chunks) if chunks else np.empty(0, dtype=np.uint64)
         all_owners = np.concatenate(owners) if owners else np.empty(0, dtype=np.uint16)
+        all_items = np.concatenate(item_chunks) if item_chunks else np.empty(0, dtype=np.uint32)
         order = np.argsort(all_hashes, kind="stable")
-        return cls(names=names, hashes=all_hashes[order], owners=all_owners[order], ngram=ngram, items=items, short_items=short)
+        return cls(names=names, hashes=all_hashes[order], owners=all_owners[order], ngram=ngram, items=items,
+                   short_items=short, item_of=all_items[order], item_ids=item_ids)
 
     def save(self, path: Path) -> None:
+        meta = {"names": self.names, "items": self.items, "short": self.short_items, "item_ids": self.item_ids}
         np.savez(path, hashes=self.hashes, owners=self.owners, ngram=self.ngram, prefilter=self.prefilter,
-                 meta=np.frombuffer(orjson.dumps({"names": self.names, "items": self.items, "short": self.short_items}), dtype=np.uint8))
+                 item_of=self.item_of, meta=np.frombuffer(orjson.dumps(meta), dtype=np.uint8))
 
     @classmethod
     def load(cls, path: Path) -> "BenchmarkIndex":
@@ -195,7 +178,8 @@ class BenchmarkIndex:
             meta = orjson.loads(z["meta"].tobytes())
             return cls(names=meta["names"], hashes=z["hashes"], owners=z["owners"], ngram=int(z["ngram"]),
                        items=meta["items"], short_items=meta["short"],
-                       prefilter=z["prefilter"] if "prefilter" in z.files else None)
+                       prefilter=z["prefilter"] if "prefilter" in z.files else None,
+                       item_of=z["item_of"] if "item_of" in z.files else None, item_ids=meta.get("item_ids", []))
 
     def matches(self, ngram_hashes_: np.ndarray) -> tuple[np.ndarray, set[str]]:
         """(positions of the n-grams found in the index, names of the benchmarks they belong to)."""
@@ -216,6 +200,13 @@ class BenchmarkIndex:
             owners.update(self.owners[lo:hi].tolist())
         return positions, {self.names[o] for o in owners}
 
+    def sources(self, found: np.ndarray) -> list[list[tuple[int, int]]]:
+        """For each hash of `found` (all in the index): its (benchmark number, item number) pairs, one per
+        benchmark that has the n-gram. Called on hits only, which are rare."""
+        left = np.searchsorted(self.hashes, found, side="left").tolist()
+        right = np.searchsorted(self.hashes, found, side="right").tolist()
+        return [list(zip(self.owners[lo:hi].tolist(), self.item_of[lo:hi].tolist())) for lo, hi in zip(left, right)]
+
 
 INDEX_BATCH_WORDS = 1 << 20  # benchmark words hashed per vectorized pass (bounds memory at ~50 MB)
 
@@ -228,8 +219,10 @@ class _LetterCache(dict):
         return value
 
 
-def _batch_ngrams(words: list[str], lengths: list[int], n: int, need: int, hasher: WordHasher, letters: _LetterCache) -> np.ndarray:
-    """n-gram hashes of consecutive texts (their words concatenated), none crossing from one text into the next."""
+def _batch_ngrams(words: list[str], lengths: list[int], n: int, need: int, hasher: WordHasher,
+                  letters: _LetterCache) -> tuple[np.ndarray, np.ndarray]:
+    """n-gram hashes of consecutive texts (their words concatenated), none crossing from one text into the next,
+    and the number (in the batch) of the text each comes from."""
     grams = ngram_hashes(hasher(words), n)  # (W - n + 1,) over the concatenation
     ends = np.cumsum(lengths)
     starts = ends - np.asarray(lengths)
@@ -237,18 +230,22 @@ def _batch_ngrams(words: list[str], lengths: list[int], n: int, need: int, hashe
     counts = np.asarray(lengths) - n + 1
     offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
     valid = np.repeat(starts, counts) + offsets
+    text = np.repeat(np.arange(len(lengths)), counts)
     grams = grams[valid]
     if need:
         flags = np.fromiter(map(letters.__getitem__, words), dtype=np.int64, count=len(words))
         csum = np.concatenate([[0], np.cumsum(flags)])
-        grams = grams[csum[valid + n] - csum[valid] >= need]
-    return grams
+        keep = csum[valid + n] - csum[valid] >= need
+        grams, text = grams[keep], text[keep]
+    return grams, text
 
 
-def _sorted_unique(values: np.ndarray) -> np.ndarray:
-    """np.unique by sorting: for uint64 it beats numpy 2's hash-based unique several times over."""
-    values = np.sort(values)
-    return values[np.concatenate([[True], values[1:] != values[:-1]])] if len(values) else values
+def _first_per_hash(values: np.ndarray, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted unique hashes and, for each, the first item (items come in file order) that has it."""
+    order = np.argsort(values, kind="stable")
+    values, items = values[order], items[order]
+    first = np.concatenate([[True], values[1:] != values[:-1]]) if len(values) else np.empty(0, dtype=bool)
+    return values[first], items[first]
 
 
 @dataclass
@@ -261,6 +258,7 @@ class DecontamStats:
     spans_cut: int = 0  # merged spans cut out of the kept documents
     hits: dict[str, int] = field(default_factory=dict)  # documents matching each benchmark
     files: list[dict] = field(default_factory=list)
+    report: list[dict] = field(default_factory=list)  # one line per hit (report_line), in document order
 
     def add(self, other: "DecontamStats") -> None:
         for name in ("documents_in", "kept", "dropped", "cut", "chars_cut", "spans_cut"):
@@ -268,6 +266,29 @@ class DecontamStats:
         for name, n in other.hits.items():
             self.hits[name] = self.hits.get(name, 0) + n
         self.files += other.files
+        self.report += other.report
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One benchmark's item found in one run of a document's matching n-grams (overlapping n-grams merged)."""
+
+    benchmark: str
+    item: str  # the item's id in its benchmark file (pipelines/decontam/items.py: "line=12", "ind=24")
+    start: int  # the run's character span in the document
+    end: int
+    ngrams: int  # n-grams of the run that this item has (the item named is the one with most)
+
+
+REPORT_SPAN_CHARS = 400  # of the matched text kept in a report line; `span_chars` says how long the run was
+
+
+def report_line(part: str, doc: dict, action: str, text: str, hit: Hit) -> dict:
+    """The report's record of one hit: which document, what was done to it, which item, and the matched text."""
+    span = text[hit.start:hit.end]
+    return {"part": part, "id": doc.get("id"), "action": action, "benchmark": hit.benchmark, "item": hit.item,
+            "span": span[:REPORT_SPAN_CHARS], "span_chars": len(span), "start": hit.start, "end": hit.end,
+            "ngrams": hit.ngrams}
 
 
 class Decontaminator:
@@ -279,27 +300,49 @@ class Decontaminator:
 
     def find(self, text: str) -> tuple[list[tuple[int, int]], set[str]]:
         """Merged character spans of the text covered by benchmark n-grams, and the benchmarks hit."""
+        spans, names, _ = self.scan(text)
+        return spans, names
+
+    def scan(self, text: str) -> tuple[list[tuple[int, int]], set[str], list[Hit]]:
+        """find(), and the hits: per merged span and benchmark, the item most of the span's n-grams come from."""
         n = self.index.ngram
         words = normalized_words(text)
         if len(words) < n:
-            return [], set()
-        positions, names = self.index.matches(ngram_hashes(self.hasher(words), n))
+            return [], set(), []
+        grams = ngram_hashes(self.hasher(words), n)
+        positions, names = self.index.matches(grams)
         if not len(positions):
-            return [], set()  # the common case: no word positions needed
+            return [], set(), []  # the common case: no word positions needed
         # Character positions come from the text itself; NFKC can split or join words, and then the
         # words are normalized one by one so that they line up with the spans.
         spans = [m.span() for m in _WORD.finditer(text)]
         if len(spans) != len(words):
             words = [unicodedata.normalize("NFKC", text[a:b]).casefold() for a, b in spans]
-            positions, names = self.index.matches(ngram_hashes(self.hasher(words), n))
+            grams = ngram_hashes(self.hasher(words), n)
+            positions, names = self.index.matches(grams)
         merged: list[tuple[int, int]] = []
+        runs: list[list[int]] = []  # the n-gram positions of each merged span
         for p in positions.tolist():
             start, end = spans[p][0], spans[p + n - 1][1]
             if merged and start <= merged[-1][1]:
                 merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+                runs[-1].append(p)
             else:
                 merged.append((start, end))
-        return merged, names
+                runs.append([p])
+        sources = iter(self.index.sources(grams[positions]))
+        hits = []
+        for (start, end), run in zip(merged, runs):
+            votes: Counter = Counter()
+            for _ in run:
+                votes.update(next(sources))
+            best: dict[int, tuple[int, int]] = {}  # benchmark -> (votes, item): most n-grams, then first in file
+            for (owner, item), count in sorted(votes.items()):
+                if owner not in best or count > best[owner][0]:
+                    best[owner] = (count, item)
+            hits += [Hit(self.index.names[owner], self.index.item_ids[item], start, end, count)
+                     for owner, (count, item) in sorted(best.items())]
+        return merged, names, hits
 
 
 def output_names(shard: str) -> tuple[str, str]:
@@ -341,11 +384,12 @@ def decontaminate_part(docs: Iterable[dict], checker: "Decontaminator", config: 
         for doc in docs:
             stats.documents_in += 1
             text = doc.get("text") or ""
-            spans, names = checker.find(text)
+            spans, names, found = checker.scan(text)
             if spans:
                 hits.update(names)
                 metadata = doc.setdefault("metadata", {})
                 metadata["contaminated_by"] = sorted(names)
+                action = "dropped"
                 if config.action == "cut":
                     kept_text = _cut(text, spans)
                     metadata["decontam_chars_cut"] = len(text) - len(kept_text)
@@ -355,11 +399,9 @@ def decontaminate_part(docs: Iterable[dict], checker: "Decontaminator", config: 
                         stats.cut += 1
                         stats.chars_cut += len(text) - len(kept_text)
                         stats.spans_cut += len(spans)
-                    else:
-                        removed.write(doc)
-                        stats.dropped += 1
-                        continue
-                else:
+                        action = "cut"
+                stats.report += [report_line(kept_name, doc, action, text, hit) for hit in found]
+                if action == "dropped":
                     removed.write(doc)
                     stats.dropped += 1
                     continue

@@ -8,7 +8,8 @@ import numpy as np
 import orjson
 import pytest
 
-from pipelines.decontam.index import BenchmarkIndex, DecontamConfig, Decontaminator, benchmark_texts, decontaminate, output_names
+from pipelines.decontam.index import BenchmarkIndex, DecontamConfig, Decontaminator, decontaminate, output_names
+from pipelines.decontam.items import benchmark_texts
 from pipelines.dedup.minhash import WordHasher, ngram_hashes, normalized_words
 from pipelines.shards import iter_documents
 from tests.conftest import SHARED_DATA
@@ -96,8 +97,8 @@ def test_humaneval_code_in_a_page_is_found(index, pages):
     "name, texts",
     [
         ("lambada_openai_test.jsonl", 5153),
-        ("hellaswag_val.jsonl.gz", 10042 * 4),
-        ("mmlu_dev.jsonl.gz", 285 * 4),
+        ("hellaswag_val.jsonl.gz", 10042 * 6),
+        ("mmlu_dev.jsonl.gz", 285 * 6),
         ("arc_challenge_test.jsonl", None),
         ("piqa_val.jsonl", None),
         ("openbook_qa.jsonl", None),
@@ -175,3 +176,106 @@ def test_runs_of_numbers_are_not_contamination_but_math_problems_are():
 def test_outputs_are_named_after_the_input_part():
     assert output_names("curation/deduplicated/v/web/part-00003.jsonl.gz") == ("part-00003.jsonl.gz", "removed-00003.jsonl.gz")
     assert output_names("part-00003-00001.jsonl.gz") == ("part-00003-00001.jsonl.gz", "removed-00003-00001.jsonl.gz")
+
+
+# Auditable hits: an MMLU item pasted the way web pages paste quizzes, inside a real paragraph of WikiText.
+CEPHEID = 380  # mmlu_test line 380: a short question and short choices, no text of question + one choice has 13 words
+PULSE = 128  # mmlu_test line 128: question + its answer has 16 words, the question alone 11
+
+
+@pytest.fixture(scope="module")
+def mmlu(tmp_path_factory) -> tuple[BenchmarkIndex, list[dict]]:
+    """An index of mmlu_test's first 400 items (a file of those lines: the line numbers, the items' ids, are the
+    real ones) and the items."""
+    lines = gzip.open(BENCH / "mmlu_test.jsonl.gz").read().splitlines(keepends=True)[:400]
+    path = tmp_path_factory.mktemp("bench") / "mmlu_test.jsonl.gz"
+    path.write_bytes(gzip.compress(b"".join(lines), mtime=0))
+    return BenchmarkIndex.build([path], 13), [json.loads(line) for line in lines]
+
+
+@pytest.fixture(scope="module")
+def paragraph() -> str:
+    """A real paragraph: the first long one of WikiText-2's validation split."""
+    with open(SHARED_DATA / "wiki" / "wikitext-2-valid.txt", encoding="utf-8") as f:
+        return next(line.strip() for line in f if len(line) > 600)
+
+
+def inside(paragraph: str, pasted: str) -> tuple[str, int]:
+    """The paragraph with `pasted` after its second sentence, and where it starts."""
+    sentences = paragraph.split(" . ")
+    before = " . ".join(sentences[:2]) + " . "
+    return before + pasted + " " + " . ".join(sentences[2:]), len(before)
+
+
+def lettered(item: dict, start: int = 0) -> str:
+    return " ".join(f"{'ABCD'[i]}. {c}" for i, c in enumerate(item["choices"]) if i >= start)
+
+
+@pytest.mark.parametrize("paste", [
+    lambda q: f"{q['question']} A. {q['choices'][0]} B. {q['choices'][1]} C. {q['choices'][2]} D. {q['choices'][3]}",
+    lambda q: f"{q['question']}\n(A) {q['choices'][0]}\n(B) {q['choices'][1]}\n(C) {q['choices'][2]}\n(D) {q['choices'][3]}",
+    lambda q: q["question"] + "\n" + "\n".join(q["choices"]),  # each choice on its own line
+    lambda q: lettered(q, start=1),  # only a run across choices B to D, without the question
+], ids=["lettered-inline", "lettered-lines", "plain-lines", "choices-only"])
+def test_a_span_across_mmlu_choices_inside_real_text_is_found_and_names_the_item(mmlu, paragraph, paste):
+    index, items = mmlu
+    item = items[CEPHEID - 1]
+    assert item["question"] == "Why are Cepheid stars relevant for astronomers?"
+    # No text of the question with one choice has an n-gram: only the choices together can match.
+    assert all(len(normalized_words(f"{item['question']} {c}")) < 13 for c in item["choices"])
+    pasted = paste(item)
+    text, at = inside(paragraph, pasted)
+    assert Decontaminator(index).find(paragraph) == ([], set())  # the paragraph alone is clean
+    spans, names, hits = Decontaminator(index).scan(text)
+    assert names == {"mmlu_test"} and len(spans) == 1 and len(hits) == 1
+    (hit,) = hits
+    assert (hit.benchmark, hit.item) == ("mmlu_test", f"line={CEPHEID}")
+    # The matched span is the pasted text (from its first to its last word), not the paragraph around it.
+    assert (hit.start, hit.end) == spans[0] and at <= hit.start < at + 4 and hit.end == at + len(pasted.rstrip("."))
+    assert item["choices"][2].rstrip(".") in text[hit.start:hit.end]
+
+
+def test_a_single_choice_with_its_question_is_still_found(mmlu, paragraph):
+    index, items = mmlu
+    item = items[PULSE - 1]
+    answer = item["choices"][item["answer"]]
+    assert len(normalized_words(item["question"])) < 13 <= len(normalized_words(f"{item['question']} {answer}"))
+    text, at = inside(paragraph, f"Quiz of the day: {item['question']} {answer}")
+    _, _, hits = Decontaminator(index).scan(text)
+    assert [(h.benchmark, h.item) for h in hits] == [("mmlu_test", f"line={PULSE}")]
+    assert text[hits[0].start:hits[0].end] == f"{item['question']} {answer}".rstrip(".")
+
+
+@pytest.mark.parametrize("action", ["drop", "cut"])
+def test_every_hit_is_in_the_report_with_its_benchmark_item_and_matched_text(tmp_path, mmlu, paragraph, action):
+    """A part with a clean paragraph, one with the lettered paste and one with question + answer: the report has
+    one line per hit, naming the part, document, action, benchmark, item id and matched text; counts as before."""
+    index, items = mmlu
+    cepheid, pulse = items[CEPHEID - 1], items[PULSE - 1]
+    quiz, _ = inside(paragraph, f"{cepheid['question']} {lettered(cepheid)}")
+    answer, _ = inside(paragraph, f"{pulse['question']} {pulse['choices'][0]}")
+    docs = [{"text": t, "id": i, "metadata": {}} for t, i in ((paragraph, "clean"), (quiz, "quiz"), (answer, "answer"))]
+    stats = decontaminate(inputs=[write_part(tmp_path / "part-00002.jsonl.gz", docs)], index=index,
+                          config=DecontamConfig(action=action), out_dir=tmp_path / "out")
+    done = "dropped" if action == "drop" else "cut"
+    assert [(r["part"], r["id"], r["action"], r["benchmark"], r["item"]) for r in stats.report] == [
+        ("part-00002.jsonl.gz", "quiz", done, "mmlu_test", f"line={CEPHEID}"),
+        ("part-00002.jsonl.gz", "answer", done, "mmlu_test", f"line={PULSE}")]
+    first = stats.report[0]
+    assert first["span"] == quiz[first["start"]:first["end"]] and "B. To measure galactic distances" in first["span"]
+    assert first["span_chars"] == len(first["span"]) and first["ngrams"] >= 1
+    assert stats.hits == {"mmlu_test": 2} and stats.documents_in == 3
+    if action == "drop":
+        assert (stats.kept, stats.dropped, stats.cut) == (1, 2, 0)
+    else:
+        assert (stats.kept, stats.dropped, stats.cut) == (3, 0, 2)
+        kept = {d["id"]: d["text"] for d in iter_documents(tmp_path / "out" / "part-00002.jsonl.gz")}
+        assert "galactic distances" not in kept["quiz"] and "Homarus gammarus" in kept["quiz"]
+
+
+def test_long_matched_text_is_capped_in_the_report():
+    from pipelines.decontam.index import REPORT_SPAN_CHARS, Hit, report_line
+
+    text = "word " * 1000
+    line = report_line("part-00000.jsonl.gz", {"id": "d"}, "dropped", text, Hit("b", "line=1", 5, 4005, 790))
+    assert len(line["span"]) == REPORT_SPAN_CHARS and line["span_chars"] == 4000
