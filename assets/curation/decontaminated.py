@@ -3,7 +3,9 @@
 Every document sharing an n-gram with a benchmark file the recipe lists is removed (or the span cut out of it,
 pipelines/decontam/index.py). Output under curation/<source>/decontaminated/<version key>/: per input part of the
 dedup output, part-NNNNN.jsonl.gz (kept) and removed-NNNNN.jsonl.gz (with metadata.contaminated_by), named
-after that part. The benchmark n-gram index is built once per (files, n) and cached under the scratch root (the
+after that part, and decontamination_report.jsonl: one line per hit, naming the document, the benchmark, the
+item's id and the matched text (pipelines/decontam/steps.py write_report; its summary and first hits are in the
+asset's metadata). The benchmark n-gram index is built once per (files, n) and cached under the scratch root (the
 per-source assets share it); the scan runs as the executor resource's tasks, each loading the saved index and
 streaming its share of the parts from the store. Counts come from the tasks' datatrove stats.
 """
@@ -22,7 +24,7 @@ from assets.curation.deduplicated import deduplicated_key
 from assets.plots import bar_chart
 from assets.recipe import Recipe, SourceConfig
 from pipelines.decontam.index import INDEX_FORMAT, BenchmarkIndex, DecontamConfig
-from pipelines.decontam.steps import DecontamShards, decontam_counts, written_files
+from pipelines.decontam.steps import REPORT_NAME, DecontamShards, decontam_counts, write_report, written_files
 from pipelines.ingest.readers import expand_inputs
 from storage.manifest import data_version_of
 
@@ -75,7 +77,11 @@ def decontaminated_asset(recipe: Recipe, source: SourceConfig, upstream_key: Ass
         # Every document is accounted for: the files hold what the tasks counted.
         dropped = sum(counts["dropped"].values())
         assert (written["part-"], written["removed-"]) == (counts["kept"], dropped), (written, counts)
-        return {"files": files,
+        # The audit: one line per hit (part, document id, dropped or cut, benchmark, item id, matched text),
+        # committed with the parts; the manifest keeps its summary for the metadata.
+        report = write_report(records, keys, out_dir / REPORT_NAME)
+        files = sorted(files + [{"path": REPORT_NAME, "records": report["hits"]}], key=lambda f: f["path"])
+        return {"files": files, "report": report,
                 "counts": {**counts, "benchmark_ngrams": len(index.hashes), "short_items": index.short_items}}
 
     def checks(inputs: Inputs, output: Output) -> list:
@@ -94,6 +100,7 @@ def decontaminated_asset(recipe: Recipe, source: SourceConfig, upstream_key: Ass
             "hits_plot": bar_chart(dict(sorted(counts["hits"].items(), key=lambda item: -item[1])),
                                    title=f"{source.name}: contaminated documents per benchmark", ylabel="documents"),
             "benchmark_ngrams": counts["benchmark_ngrams"],
+            **report_metadata(inputs.store, output),
         }
 
     return output_asset(OutputSpec(
@@ -112,9 +119,28 @@ def decontaminated_asset(recipe: Recipe, source: SourceConfig, upstream_key: Ass
     ))
 
 
+def report_metadata(store, output: Output) -> dict:
+    """The report file's place, its hits per benchmark and item, and its first hits as a table."""
+    report = output.manifest.get("report")
+    if report is None:
+        return {}
+    rows = ["| benchmark | item | document | action | matched text |", "|---|---|---|---|---|"]
+    for hit in report["first"]:
+        span = " ".join(hit["span"].split())
+        span = span if len(span) <= 120 else span[:117] + "..."
+        cells = [hit["benchmark"], hit["item"], str(hit["id"]), hit["action"], span]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    first = "\n".join(rows) if report["first"] else "no hits"
+    return {"report": MetadataValue.path(store.uri(f"{output.prefix}/{report['path']}")),
+            "report_hits": report["hits"],
+            "report_hits_per_benchmark": MetadataValue.json(report["hits_per_benchmark"]),
+            "report_first_hits": MetadataValue.md(first)}
+
+
 def _cached_index(scratch, files: list[Path], settings: DecontamConfig, log) -> tuple[BenchmarkIndex, Path]:
-    """The index and the file it is saved in. Building the index of all demo benchmarks takes ~10 s; every
-    source's asset reuses one copy, and the scan's tasks load it from the file."""
+    """The index and the file it is saved in. Building the index of all demo benchmarks takes ~15-25 s (multiple-
+    choice items with their choices together as well: 5.4M n-grams, from 3.7M); every source's asset reuses one
+    copy, and the scan's tasks load it from the file."""
     ngram, min_letter_words = settings.ngram, settings.min_letter_words
     digest = section_sha256(
         {"files": [str(p) for p in files], "fingerprints": file_fingerprints(files), "ngram": ngram,

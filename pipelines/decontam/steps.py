@@ -5,18 +5,27 @@
                           records_dir=work / "records")
     stats_path = executor.run([step], logging_dir=work / "logs" / "decontaminate", tasks=executor.tasks_for(len(keys)))
     counts, files = decontam_counts(stats_path, index.names), written_files(work / "records", keys)
+    report = write_report(work / "records", keys, out / REPORT_NAME)   # every hit, parts in key order
 
 Input parts are store keys of gzip JSON-lines parts (the dedup output's `<source>/part-*.jsonl.gz`), streamed
 through the store (local folder or S3), never downloaded whole. Task `rank` of `world_size` takes the parts
 rank, rank + world_size, ...; each part gives its own outputs named after it (pipelines/decontam/index.py
 decontaminate_part), so the files are the same whatever the task count. The index is loaded in the task, from
 its file: the step pickles small (Ray and Slurm ship it to their workers).
+
+Every hit (pipelines/decontam/index.py report_line) goes to records_dir/<part>.hits.jsonl; `write_report` joins
+them, parts in key order, into the one report file of the output (REPORT_NAME), whatever the task count:
+    {"part": "part-00000.jsonl.gz", "id": "doc-7", "action": "dropped", "benchmark": "mmlu_test",
+     "item": "line=1234", "span": "the matched text ...", "span_chars": 312, "start": 1810, "end": 2122, "ngrams": 41}
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
+
+import orjson
 
 from datatrove.pipeline.base import PipelineStep
 
@@ -29,8 +38,9 @@ class DecontamShards(PipelineStep):
     """This task's share of the input parts (store keys, every world_size-th from `rank`), each checked against
     the index saved at `index_path` (loaded in the task, once) and written under output_dir as its own outputs.
     Stats: documents_in, kept, dropped_contaminated, cut, chars_cut, spans_cut, hits_<benchmark> (documents per
-    benchmark). With `records_dir`, each part's files and record counts go to records_dir/<part>.json as well
-    (`written_files` gathers them), so the stage lists its output without reading it back."""
+    benchmark), report_hits (report lines). With `records_dir`, each part's files and record counts go to
+    records_dir/<part>.json as well (`written_files` gathers them), so the stage lists its output without reading
+    it back, and its hits to records_dir/<part>.hits.jsonl (`write_report` joins them)."""
 
     name = "🧪 decontaminate"
     type = "🔻 - FILTER"
@@ -56,13 +66,15 @@ class DecontamShards(PipelineStep):
                 stats = decontaminate_part(store_documents(self.store, key), checker, self.config,
                                            Path(self.output_dir), key)
             if self.records_dir:
-                record = Path(self.records_dir) / f"{output_names(key)[0].removesuffix('.jsonl.gz')}.json"
+                record = _record_path(self.records_dir, key)
                 record.parent.mkdir(parents=True, exist_ok=True)
-                record.write_text(json.dumps(stats.files))
+                record.with_suffix(".hits.jsonl").write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in stats.report))
+                record.write_text(json.dumps(stats.files))  # last: a part with its record has its hits written
             self.stat_update("parts", unit="part")
             for name in ("documents_in", "kept", "cut", "chars_cut", "spans_cut"):
                 self.stat_update(name, value=getattr(stats, name), unit="part")
             self.stat_update("dropped_contaminated", value=stats.dropped, unit="part")
+            self.stat_update("report_hits", value=len(stats.report), unit="part")
             for benchmark, n in stats.hits.items():
                 self.stat_update(f"hits_{benchmark}", value=n, unit="part")
         if data:
@@ -84,5 +96,34 @@ def written_files(records_dir: Path, keys: list[str]) -> list[dict]:
     """[{path, records}] of every output file the parts of `keys` gave, sorted by path (DecontamShards' records)."""
     files = []
     for key in keys:
-        files += json.loads((Path(records_dir) / f"{output_names(key)[0].removesuffix('.jsonl.gz')}.json").read_text())
+        files += json.loads(_record_path(records_dir, key).read_text())
     return sorted(files, key=lambda f: f["path"])
+
+
+REPORT_NAME = "decontamination_report.jsonl"
+REPORT_FIRST = 10  # hits the summary quotes
+
+
+def write_report(records_dir: Path, keys: list[str], path: Path) -> dict:
+    """Join the parts' hits (DecontamShards' records, parts in key order) into the report file at `path` (written
+    even when empty: no hits is an answer too). Returns its summary: {path, hits, hits_per_benchmark (hits, not
+    documents), first (the first REPORT_FIRST lines)}."""
+    per_benchmark: Counter = Counter()
+    first: list[dict] = []
+    hits = 0
+    with open(path, "wb") as out:
+        for key in keys:
+            with open(_record_path(records_dir, key).with_suffix(".hits.jsonl"), "rb") as f:
+                for line in f:
+                    out.write(line)
+                    hit = orjson.loads(line)
+                    per_benchmark[hit["benchmark"]] += 1
+                    hits += 1
+                    if len(first) < REPORT_FIRST:
+                        first.append(hit)
+    return {"path": Path(path).name, "hits": hits, "hits_per_benchmark": dict(sorted(per_benchmark.items())),
+            "first": first}
+
+
+def _record_path(records_dir, key: str) -> Path:
+    return Path(records_dir) / f"{output_names(key)[0].removesuffix('.jsonl.gz')}.json"

@@ -14,6 +14,7 @@ from dagster import AssetKey
 import assets.curation.decontaminated as decontaminated
 from assets.core.factory import Inputs
 from assets.core.upstream import Output
+from assets.core.source_hash import code_parts
 from assets.core.versioning import code_version
 from assets.recipe import DEMO_RECIPE, Recipe, load_recipe
 from resources.executor import ExecutorResource
@@ -38,6 +39,8 @@ def test_demo_spec(monkeypatch):
     assert spec.section == {"source": "code", "decontamination": dataclasses.asdict(recipe.decontamination)}
     assert spec.section["decontamination"]["ngram"] == 13 and spec.section["decontamination"]["action"] == "drop"
     assert spec.code_version == code_version("decontaminated", spec.code_sha256, spec.section)
+    # The code version follows the engine code it runs: the index, the benchmark items and the tasks.
+    assert {"pipelines.decontam.index", "pipelines.decontam.items", "pipelines.decontam.steps"} <= set(code_parts(spec.code_refs))
     assert spec.resources == frozenset({"executor"}) and spec.resumable
     assert [(c.asset_key, c.name, c.blocking) for c in spec.check_specs] == [
         (spec.key, "documents_valid", False), (spec.key, "no_benchmark_ngrams", True)]
@@ -110,5 +113,20 @@ def test_prepare_keys_on_its_own_slice_and_build_drops_the_contaminated_document
             for line in gzip.decompress(part.read_bytes()).splitlines()]
     assert kept == [web[0]]
     # Named after the input part; the counts come from the scan's stats, the records from the files.
-    assert fields["files"] == [{"path": "part-00000.jsonl.gz", "records": 1}, {"path": "removed-00000.jsonl.gz", "records": 1}]
+    assert fields["files"] == [{"path": "decontamination_report.jsonl", "records": 1},
+                               {"path": "part-00000.jsonl.gz", "records": 1}, {"path": "removed-00000.jsonl.gz", "records": 1}]
     assert (work / "logs" / "decontaminate" / "stats.json").is_file()
+    # The report, committed with the parts, names the benchmark, the item (the file's line) and the matched text.
+    (hit,) = [json.loads(line) for line in (work / "out" / "decontamination_report.jsonl").read_text().splitlines()]
+    assert {k: hit[k] for k in ("part", "id", "action", "benchmark", "item", "span")} == {
+        "part": "part-00000.jsonl.gz", "id": "web-1", "action": "dropped", "benchmark": "bench", "item": "line=1",
+        "span": BENCHMARK}
+    assert fields["report"] == {"path": "decontamination_report.jsonl", "hits": 1, "hits_per_benchmark": {"bench": 1},
+                                "first": [hit]}
+    # The asset's metadata: where the report is, hits per benchmark, and the first hits as a table.
+    manifest = commit_folder(store, "curation/web/decontaminated/v", work / "out", dict(fields))
+    metadata = spec.metadata(inputs, Output(spec.key, "curation/web/decontaminated/v", manifest))
+    assert metadata["report"].path == store.uri("curation/web/decontaminated/v/decontamination_report.jsonl")
+    assert metadata["report_hits"] == 1 and metadata["report_hits_per_benchmark"].data == {"bench": 1}
+    assert "| bench | line=1 | web-1 | dropped | the quick brown fox" in metadata["report_first_hits"].md_str
+    assert store.exists("curation/web/decontaminated/v/decontamination_report.jsonl")

@@ -5,7 +5,7 @@ from S3 equal to the same parts on disk."""
 
 from pipelines.runner import LocalRunner
 from pipelines.decontam.index import DecontamConfig
-from pipelines.decontam.steps import DecontamShards, decontam_counts, written_files
+from pipelines.decontam.steps import DecontamShards, decontam_counts, write_report, written_files
 from pipelines.shards import iter_documents
 from storage.local import LocalStore
 from tests.pipelines.decontam.test_index import BENCH, first_record, index, pages, planted, write_part  # noqa: F401 (fixtures)
@@ -43,11 +43,21 @@ def test_the_scan_in_tasks_gives_the_same_bytes_for_1_2_and_4_tasks_and_counts_e
     # The parts' records list every file written, with its count, without reading the output back.
     assert written_files(tmp_path / "logs-1" / "records", keys) == [
         {"path": name, "records": sum(1 for _ in iter_documents(tmp_path / "out-1" / name))} for name in sorted(expected)]
+    # The report: one line per hit, parts in key order, naming the item (GSM8K by line, HellaSwag by its `ind`).
+    summary = write_report(tmp_path / "logs-1" / "records", keys, tmp_path / "report-1.jsonl")
+    assert [(h["part"], h["id"], h["action"], h["benchmark"], h["item"]) for h in summary["first"]] == [
+        ("part-00001.jsonl.gz", "dirty-gsm8k", "dropped", "gsm8k_test", "line=4"),
+        ("part-00003.jsonl.gz", "dirty-hs", "dropped", "hellaswag_val", f"ind={hellaswag['ind']}")]
+    assert summary["first"][1]["span"].startswith(hellaswag["ctx"][:40])
+    assert (summary["hits"], summary["hits_per_benchmark"]) == (2, {"gsm8k_test": 1, "hellaswag_val": 1})
+    report = (tmp_path / "report-1.jsonl").read_bytes()
     for tasks, workers in ((2, 1), (4, 2), (4, 1)):
         files, stats = run_scan(store, keys, tmp_path / "index.npz", tmp_path / f"out-{tasks}-{workers}",
                                 tmp_path / f"logs-{tasks}-{workers}", tasks, workers)
         assert files == expected, (tasks, workers)
         assert decontam_counts(stats, index.names) == counts
+        write_report(tmp_path / f"logs-{tasks}-{workers}" / "records", keys, tmp_path / "report.jsonl")
+        assert (tmp_path / "report.jsonl").read_bytes() == report, (tasks, workers)
     # Cut: the same documents, kept with the span cut out, counted as cut.
     _, stats = run_scan(store, keys, tmp_path / "index.npz", tmp_path / "out-cut", tmp_path / "logs-cut", 2, 1,
                         DecontamConfig(action="cut"))
