@@ -143,9 +143,13 @@ def test_the_prefilter_finds_exactly_what_a_set_of_the_index_finds(tmp_path, ind
     """matches() looks hashes up only where the prefilter's bit is set: on real pages, with benchmark text planted,
     and on n-grams whose top bits collide with benchmark ones but whose hash is not in it, it finds what plain set
     membership finds, with the owners that set says. Saved and loaded, the prefilter is the same."""
-    hasher, owners_of = WordHasher(), {}
-    for h, o in zip(index.hashes.tolist(), index.owners.tolist()):
-        owners_of.setdefault(h, set()).add(index.names[o])
+    hasher = WordHasher()
+    # hash -> its benchmarks, in C: the dict keeps a hash's last (sorted: adjacent) entry, `also` the others
+    last = dict(zip(index.hashes.tolist(), index.owners.tolist()))
+    also: dict[int, set] = {}
+    for i in np.flatnonzero(index.hashes[1:] == index.hashes[:-1]).tolist():
+        also.setdefault(int(index.hashes[i]), set()).add(index.names[index.owners[i]])
+    owners_of = _Owners(last, also, index.names)
     gsm8k = first_record(BENCH / "gsm8k_test.jsonl")["question"]
     texts = [p["text"] for p in pages[:40]] + [planted(pages[0], gsm8k, "x")["text"]]
     decoys = (index.hashes[:500] ^ np.uint64(1)).astype(np.uint64)  # same top bits, other hashes (almost all absent)
@@ -157,6 +161,19 @@ def test_the_prefilter_finds_exactly_what_a_set_of_the_index_finds(tmp_path, ind
     assert index.matches(ngram_hashes(hasher(normalized_words(texts[-1])), 13))[1] == {"gsm8k_test"}
     index.save(tmp_path / "index.npz")
     assert (BenchmarkIndex.load(tmp_path / "index.npz").prefilter == index.prefilter).all()
+
+
+class _Owners:
+    """`h in owners`, `owners[h]`: the names of the benchmarks whose n-grams have hash h."""
+
+    def __init__(self, last: dict, also: dict, names: list[str]):
+        self.last, self.also, self.names = last, also, names
+
+    def __contains__(self, h) -> bool:
+        return int(h) in self.last
+
+    def __getitem__(self, h) -> set:
+        return {self.names[self.last[int(h)]]} | self.also.get(int(h), set())
 
 
 def test_runs_of_numbers_are_not_contamination_but_math_problems_are():
