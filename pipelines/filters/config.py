@@ -73,6 +73,8 @@ class GopherRepetitionConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class C4Config:
+    """C4's rules (pipelines/filters/c4.py): lines are dropped, the rest of the text stays as it was."""
+
     filter_no_terminal_punct: bool = True  # drops lines, not documents
     min_num_sentences: int = 5  # -1 disables
     min_words_per_line: int = 3  # -1 disables
@@ -81,6 +83,10 @@ class C4Config:
     filter_javascript: bool = True
     filter_curly_bracket: bool = True
     filter_policy: bool = True
+    remove_citations: bool = True  # "[1]", "[edit]", "[citation needed]" are cut out of kept lines
+    # Keep a line of fewer than min_words_per_line words when it starts with a letter or digit and the next
+    # non-blank line is a kept sentence line: a heading (pipelines/filters/c4.py). C4 drops them all.
+    keep_headings: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,9 +9,10 @@ writes, per input file raw/web/<part>.jsonl.gz, out/web/<part>.jsonl.gz (kept do
 placeholders such as <EMAIL>) and out/web/rejected-<step>-<part>.jsonl.gz (each dropped document with
 metadata.filter_reason): named after the input, so any number of tasks writes the same files.
 
-The steps are datatrove's where they fit (URL, language, Gopher, C4, FineWeb), configured from the recipe,
-plus small steps of our own: malformed URLs, language-aware stop words, code heuristics, the quality model and
-PII scrubbing (pipelines/filters/pii.py). Order: cheap and decisive first (URL, language), then the prose or code
+The steps are datatrove's where they fit (URL, language, Gopher, C4's rules, FineWeb), configured from the recipe,
+plus small steps of our own: malformed URLs, language-aware stop words, C4's line rules writing the kept text back
+as it was (pipelines/filters/c4.py), code heuristics, the quality model and PII scrubbing
+(pipelines/filters/pii.py). Order: cheap and decisive first (URL, language), then the prose or code
 rules, then the model, and PII last so it only scrubs documents that are kept.
 
 Language matters: Gopher's stop-word rule is English (it drops most German pages), so stop words come from a
@@ -27,7 +28,6 @@ from urllib.parse import urlsplit
 from datatrove.data import Document
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.filters import (
-    C4QualityFilter,
     FineWebQualityFilter,
     GopherQualityFilter,
     GopherRepetitionFilter,
@@ -50,6 +50,7 @@ from pipelines.filters.config import (  # noqa: F401,E402  (re-exported: the set
     PiiConfig,
     FilterConfig,
 )
+from pipelines.filters.c4 import C4LineFilter
 from pipelines.filters.pii import PiiScrubber
 from pipelines.filters.quality import QualityScorer
 from pipelines.runner import stat_totals
@@ -254,7 +255,8 @@ STEP_CODE: dict[str, tuple[str, ...]] = {
     "language": ("LanguageIdFilter", "_OfflineLid176", "lid176_path"),
     "gopher_repetition": (),
     "gopher_quality": ("LanguageAwareGopherQuality", "_WORD", "filters.config:DEFAULT_STOP_WORDS"),
-    "c4": (),
+    "c4": tuple(f"filters.c4:{name}" for name in (
+        "C4LineFilter", "_rebuilt", "_INTERFACE_LABELS", "_KEPT", "_DROPPED", "_BLANK")),
     "fineweb": (),
     "code": ("CodeQualityFilter",),
     "quality_model": ("QualityModelFilter",),
@@ -288,13 +290,7 @@ def filter_steps(config: FilterConfig, *, lists_root: Path, model_path: Path | N
     if config.gopher_quality:
         steps.append(LanguageAwareGopherQuality(config.gopher_quality, exclusion_writer=rejected("gopher_quality")))
     if config.c4:
-        c = config.c4
-        steps.append(C4QualityFilter(
-            filter_no_terminal_punct=c.filter_no_terminal_punct, min_num_sentences=c.min_num_sentences,
-            min_words_per_line=c.min_words_per_line, max_word_length=c.max_word_length,
-            filter_lorem_ipsum=c.filter_lorem_ipsum, filter_javascript=c.filter_javascript,
-            filter_curly_bracket=c.filter_curly_bracket, filter_policy=c.filter_policy,
-            exclusion_writer=rejected("c4")))
+        steps.append(C4LineFilter(config.c4, exclusion_writer=rejected("c4")))
     if config.fineweb:
         c = config.fineweb
         steps.append(FineWebQualityFilter(
