@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import bisect
 import ipaddress
 import json
 import re
@@ -36,6 +37,7 @@ class _Rule:
     pattern: re.Pattern  # the span replaced is group "value" where the pattern has one, else the whole match
     check: Callable[[re.Match], bool] | None = None
     shields: bool = False  # a candidate failing `check` is still kept out of later rules' reach
+    needle: str = ""  # text every match contains: a text without it skips the pattern (a substring test is cheap)
 
 
 def _luhn(digits: str) -> bool:
@@ -121,60 +123,65 @@ def _phone(match: re.Match) -> bool:
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 _RULES: tuple[_Rule, ...] = (
     _Rule("credentials", "PRIVATE_KEY", re.compile(
-        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----.*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----", re.DOTALL)),
+        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----.*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----", re.DOTALL),
+          needle="PRIVATE KEY-----"),
     _Rule("tokens", "JWT", re.compile(r"(?<![\w.-])eyJ[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*(?![\w-])"),
-          _jwt),
+          _jwt, needle="eyJ"),
     _Rule("tokens", "GITHUB_TOKEN", re.compile(
-        r"\b(?:gh[pousr]_[A-Za-z0-9]{36}|github_pat_[A-Za-z0-9]{22}_[A-Za-z0-9]{59})\b")),
-    _Rule("tokens", "SLACK_TOKEN", re.compile(r"\bxox[abposr]-\d{8,}(?:-[A-Za-z0-9]+){1,3}\b")),
-    _Rule("tokens", "GOOGLE_API_KEY", re.compile(r"\bAIza[0-9A-Za-z_-]{35}(?![\w-])")),
-    _Rule("tokens", "STRIPE_KEY", re.compile(r"\b(?:sk|rk)_live_[0-9A-Za-z]{16,}\b")),
+        r"\b(?:gh[pousr]_[A-Za-z0-9]{36}|github_pat_[A-Za-z0-9]{22}_[A-Za-z0-9]{59})\b"), needle="_"),
+    _Rule("tokens", "SLACK_TOKEN", re.compile(r"\bxox[abposr]-\d{8,}(?:-[A-Za-z0-9]+){1,3}\b"), needle="xox"),
+    _Rule("tokens", "GOOGLE_API_KEY", re.compile(r"\bAIza[0-9A-Za-z_-]{35}(?![\w-])"), needle="AIza"),
+    _Rule("tokens", "STRIPE_KEY", re.compile(r"\b(?:sk|rk)_live_[0-9A-Za-z]{16,}\b"), needle="_live_"),
     _Rule("credentials", "AWS_ACCESS_KEY", re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA)[0-9A-Z]{16}\b")),
     # The value of an assignment to a secret-looking name (aws_secret_access_key = ..., api_key: "..."): the
     # name stays ("api_key = <SECRET>"), only the value is sensitive.
     _Rule("credentials", "SECRET", re.compile(
         r"(?i)(?:secret|password|passwd|api[_-]?key|access[_-]?token|auth[_-]?token)[\w-]{0,24}"
         r"[\"']?\s{0,3}[:=]\s{0,3}[\"']?(?P<value>[A-Za-z0-9/+=_\-]{16,})")),
-    _Rule("email", "EMAIL", re.compile(r"\b[A-Za-z0-9._%+\-]+@(?:[A-Za-z0-9\-]+\.)+[A-Za-z]{2,}\b")),
+    _Rule("email", "EMAIL", re.compile(r"\b[A-Za-z0-9._%+\-]+@(?:[A-Za-z0-9\-]+\.)+[A-Za-z]{2,}\b"), needle="@"),
     # Country, check digits, then groups of four (a space between groups or none) and a shorter last group.
     _Rule("iban", "IBAN", re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?\b"), _iban,
           shields=True),
     # A whole run of digits joined by single spaces or dashes: never preceded or followed by another group.
     _Rule("card", "CARD_NUMBER", re.compile(r"(?<![\w.,+/-])(?<!\d )\d(?:[ -]?\d){12,18}(?![ -]?\d)(?!\w|[.,/]\d)"),
           _card),
-    _Rule("ssn", "SSN", re.compile(r"(?<![\w-])\d{3}-\d{2}-\d{4}(?![\w-])"), _ssn, shields=True),
+    _Rule("ssn", "SSN", re.compile(r"(?<![\w+-])(?<!\d )\d{3}-\d{2}-\d{4}(?![\w-])"), _ssn, shields=True, needle="-"),
     # Candidates only: validated with `ipaddress`, so clock times such as 12:30:45 stay.
     _Rule("ip", "IPV6", re.compile(
         r"(?<![\w:])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{1,4}|(?:\d{1,3}\.){3}\d{1,3})?(?![\w:])"), _ipv6),
     # Four numbers, not part of a longer dotted run ("1.2.3.4.5"); a sentence's full stop may follow.
     _Rule("ip", "IPV4", re.compile(rf"(?<![\w.])(?:{_OCTET}\.){{3}}{_OCTET}(?!\w|\.\d)"), _ipv4, shields=True),
     # Only shapes that are phone numbers and rarely anything else (8-15 digits): an international +CC number in up
-    # to five groups, an (area) code, a national number with its trunk 0, a North American 555-123-4567. Plain
-    # digit groups ("120 125 130", coordinates, prices) are not phone numbers, nor is part of a longer digit run.
+    # to five groups, an (area) code, a national number with its trunk 0 and its groups ("030 / 226 343-0"), a
+    # North American 555-123-4567. Plain digit groups ("120 125 130", coordinates, prices) are not phone numbers,
+    # nor is part of a longer digit run.
     _Rule("phone", "PHONE", re.compile(
         r"(?<![\w+/.-])(?<!\d )(?:\+\d{1,3}(?:[ -]?\(?\d{1,5}\)?){1,5}"
         r"|\(0?\d{2,5}\)[ -]?\d{3,4}[ -]?\d{2,5}"
-        r"|0\d{1,4}[ /-]\d{3,4}(?:[ -]?\d{2,5})?"
+        r"|0\d{1,4}(?: ?/ ?|[ -])\d{3,9}(?:[ -]\d{1,5}){0,3}"
         r"|\d{3}([-.])\d{3}\1\d{4})(?![\w/-])(?! \d)"), _phone),
 )
 
 
 def _scan(text: str, config: PiiConfig) -> list[tuple[int, int, str]]:
     """(start, end, kind) of every span to replace, in text order; no two overlap."""
-    taken: list[tuple[int, int]] = []  # replaced or shielded spans
+    starts: list[int] = []  # replaced or shielded spans, sorted and disjoint: their starts and ends
+    ends: list[int] = []
     found: list[tuple[int, int, str]] = []
     for rule in _RULES:
-        if not getattr(config, rule.group):
+        if not getattr(config, rule.group) or rule.needle not in text:
             continue
         for match in rule.pattern.finditer(text):
             start, end = match.span("value" if "value" in rule.pattern.groupindex else 0)
-            if any(start < e and s < end for s, e in taken):
-                continue
-            if rule.check is None or rule.check(match):
-                taken.append((start, end))
+            at = bisect.bisect_right(starts, start)
+            if (at and ends[at - 1] > start) or (at < len(starts) and starts[at] < end):
+                continue  # overlaps a span an earlier rule took
+            valid = rule.check is None or rule.check(match)
+            if valid or rule.shields:
+                starts.insert(at, start)
+                ends.insert(at, end)
+            if valid:
                 found.append((start, end, rule.kind))
-            elif rule.shields:
-                taken.append((start, end))
     return sorted(found)
 
 

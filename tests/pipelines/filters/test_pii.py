@@ -148,6 +148,16 @@ def test_no_rule_replaces_part_of_a_longer_digit_run():
     assert scrub_pii("Tel: +32 (0)2 790 75 75 Fax") == ("Tel: <PHONE> Fax", {"PHONE": 1})
 
 
+def test_phone_numbers_of_real_pages_are_taken_whole():
+    """Numbers as the demo's web pages (crawl/web-pages.warc.gz) write them: the phone rule took the first
+    groups of the German ones and left the last visible, and the Japanese one looked like an SSN."""
+    text = ("Tel: 069 / 920 77 00, Fax: 069/297 89 22 Mail. Tel. 030/226 343-0, Kontakt 030 5683 8000 60. "
+            "Dietsch (089/99529727) gerne. Hokkaido 094-0011 Japan +81 158-23-2012.")
+    expected = ("Tel: <PHONE>, Fax: <PHONE> Mail. Tel. <PHONE>, Kontakt <PHONE>. "
+                "Dietsch (<PHONE>) gerne. Hokkaido 094-0011 Japan <PHONE>.")
+    assert scrub_pii(text) == (expected, {"PHONE": 6})
+
+
 def test_a_switched_off_group_is_left_whole_and_no_other_rule_takes_part_of_it():
     text = "card 4111 1111 1111 1111, account DE89 3704 0044 0532 0130 00, ssn 078-05-1120, token " \
            "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"
