@@ -76,6 +76,25 @@ def test_documents_check_reads_the_committed_parts_and_never_logs_pii(tmp_path):
     assert "jane.doe" not in json.dumps({k: v.value for k, v in result.metadata.items()}, default=str)
 
 
+def test_documents_check_finds_the_new_pii_kinds_left_and_passes_their_placeholders(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    rows = [{"id": "1", "text": "Pay into GB82 WEST 1234 5698 7654 32 or card 4111 1111 1111 1111.",
+             "metadata": {"language": "en"}},
+            {"id": "2", "text": "Pay into <IBAN> or card <CARD_NUMBER>; token <GITHUB_TOKEN>, SSN <SSN>.",
+             "metadata": {"language": "en"}},
+            {"id": "3", "text": "ISBN 978-3-16-148410-0, version 1.13.6.34, order 4111 1111 1111 1112.",
+             "metadata": {"language": "en"}}]
+    store.put_bytes("out/part-00000.jsonl.gz", gzip.compress(b"".join(orjson.dumps(r) + b"\n" for r in rows)))
+    result = documents_check(store, {"c4": ["out/part-00000.jsonl.gz"]},
+                             {"c4": FilterConfig(language=LanguageConfig(languages=("en",)))})
+    assert not result.passed
+    assert result.metadata["pii_left_by_type"].value == {"IBAN": 1, "CARD_NUMBER": 1}
+    assert "5698" not in json.dumps({k: v.value for k, v in result.metadata.items()}, default=str)
+    # A source whose settings leave those kinds in is not held to them.
+    off = FilterConfig(language=LanguageConfig(languages=("en",)), pii=PiiConfig(iban=False, card=False))
+    assert documents_check(store, {"c4": ["out/part-00000.jsonl.gz"]}, {"c4": off}).passed
+
+
 def put_parts(store, prefix, rows, per_part):
     """rows as gzip JSONL parts of `per_part` documents under `prefix`; their keys, in order."""
     keys = []
