@@ -11,7 +11,7 @@ the longest run of blank lines the gap had, so "A\n\nShare\n\nB" is "A\n\nB" and
 `keep_headings` (C4Config): C4 drops every line of fewer than `min_words_per_line` words, headings with them
 ("Fazit", "What Happened", "Zubereitung:"). With it on, such a line is kept when it starts with a letter or
 digit and the next non-blank line is a sentence line the rules keep (enough words, terminal punctuation): a
-heading introduces text, while menus and table debris ("Home", "|") stand among other short lines; interface
+heading introduces text, while menu entries and table debris ("|") stand among other short lines; interface
 labels that may stand alone before text ("Share", "Log in", "Teilen": _INTERFACE_LABELS) are never headings. A
 kept heading passes the other line rules (JavaScript, policy, lorem ipsum, curly bracket), and does not count
 towards `min_num_sentences`.
