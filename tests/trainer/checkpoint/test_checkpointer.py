@@ -133,9 +133,10 @@ def test_kill_mid_step_then_mid_save_replays_bit_identical_losses(tmp_path, two_
     local = LocalCheckpoints(out / "checkpoints")
 
     # 1. Killed mid-step, at a random step after the first save. The save commits off the training thread: on busy
-    # cores step 4 can be logged before step 3's commit, so the kill also waits for that commit.
+    # cores step 4 can be logged before step 3's commit, so the kill also waits for that commit to end, i.e. for
+    # `latest` (its last act, after the rename that committed() sees: a kill between the two once left no `latest`).
     kill_step = rng.choice([4, 5])
-    _kill_when(_start(run_json), lambda: kill_step in _losses(_records(out)) and local.committed())
+    _kill_when(_start(run_json), lambda: kill_step in _losses(_records(out)) and local.latest() == 3)
     assert local.committed() == [3]
 
     # 2. Restarted, then killed mid-save: a rank's DeepSpeed shards are on disk, and every rank's writer thread
@@ -177,7 +178,7 @@ def kill_mid_step_then_mid_save(tmp_path: Path, settings) -> LocalCheckpoints:
     out = tmp_path / "run" / "out"
     run_json = _write(tmp_path / "run", settings(out))
     local = LocalCheckpoints(out / "checkpoints")
-    _kill_when(_start(run_json), lambda: 5 in _losses(_records(out)) and local.committed())
+    _kill_when(_start(run_json), lambda: 5 in _losses(_records(out)) and local.latest() == 3)
     assert local.committed() == [3]
     proc = _start(run_json, fault_env("save_delay:seconds=2"))
     _kill_when(proc, lambda: any(local.partial_path(6).glob("ds/*.pt")))
