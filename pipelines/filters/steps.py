@@ -11,9 +11,9 @@ metadata.filter_reason): named after the input, so any number of tasks writes th
 
 The steps are datatrove's where they fit (URL, language, Gopher, C4's rules, FineWeb), configured from the recipe,
 plus small steps of our own: malformed URLs, language-aware stop words, C4's line rules writing the kept text back
-as it was (pipelines/filters/c4.py), code quality (pipelines/filters/code.py), the quality model and PII scrubbing
-(pipelines/filters/pii.py). Order: cheap and decisive first (URL, language), then the prose or code
-rules, then the model, and PII last so it only scrubs documents that are kept.
+as it was (pipelines/filters/c4.py), code quality (pipelines/filters/code.py), the quality model, offensive language
+(pipelines/filters/toxicity.py) and PII scrubbing (pipelines/filters/pii.py). Order: cheap and decisive first (URL,
+language), then the prose or code rules, then the models, and PII last so it only scrubs documents that are kept.
 
 Language matters: Gopher's stop-word rule is English (it drops most German pages), so stop words come from a
 per-language table and a document whose language has no list skips that one rule, never the others.
@@ -47,6 +47,7 @@ from pipelines.filters.config import (  # noqa: F401,E402  (re-exported: the set
     FineWebConfig,
     CodeConfig,
     QualityModelConfig,
+    ToxicityConfig,
     PiiConfig,
     FilterConfig,
 )
@@ -54,6 +55,7 @@ from pipelines.filters.c4 import C4LineFilter
 from pipelines.filters.code import CodeQualityFilter
 from pipelines.filters.pii import PiiScrubber
 from pipelines.filters.quality import QualityScorer
+from pipelines.filters.toxicity import ToxicityFilter
 from pipelines.runner import stat_totals
 from pipelines.shards import InputShardReader, InputShardWriter
 
@@ -239,6 +241,9 @@ STEP_CODE: dict[str, tuple[str, ...]] = {
         "_repository", "_MINIFIED_NAME", "_GENERATED_NAME", "_PYTHON_NAME", "_TEST_NAME", "_SPDX", "_LICENSE_TEXTS",
         "_COMMENT_BREAK", "_COPYRIGHT", "_TYPE_PARAMS", "_TYPE_ALIAS", "_BARE_EXCEPT_TUPLE", "_FSTRING", "_MAX_REWRITES")),
     "quality_model": ("QualityModelFilter",),
+    "toxicity": tuple(f"filters.toxicity:{name}" for name in (
+        "ToxicityFilter", "split_sentences", "judge", "_load_predict_prob", "_SENTENCE_BREAK", "_ALPHA_WORD",
+        "_BATCH_DOCUMENTS")),
     "pii": tuple(f"filters.pii:{name}" for name in (
         "PiiScrubber", "scrub_pii", "_scan", "_Rule", "_RULES", "_OCTET", "_luhn", "_card", "_iban", "_b64_json",
         "_jwt", "_ssn", "_VERSION_BEFORE", "_ipv4", "_ipv6", "_phone")),
@@ -282,6 +287,8 @@ def filter_steps(config: FilterConfig, *, lists_root: Path, model_path: Path | N
         if model_path is None:
             raise ValueError("filter.quality_model is set but no quality classifier model was given")
         steps.append(QualityModelFilter(config.quality_model, model_path, exclusion_writer=rejected("quality_model")))
+    if config.toxicity:
+        steps.append(ToxicityFilter(config.toxicity, exclusion_writer=rejected("toxicity")))
     if config.pii:
         steps.append(PiiScrubber(config.pii))
     return steps
