@@ -1,5 +1,6 @@
 """The filter engine on real documents: drop reasons, languages, the quality model (code: test_code.py)."""
 
+import ast
 import gzip
 import json
 import zipfile
@@ -11,6 +12,7 @@ from datatrove.pipeline.filters import GopherQualityFilter
 
 from pipelines.runner import LocalRunner
 from pipelines.filters.steps import (
+    STEP_CODE,
     C4Config,
     FilterConfig,
     FineWebConfig,
@@ -223,3 +225,20 @@ def test_filtered_parts_are_byte_reproducible(tmp_path):
         digests.append(hashlib.sha256((out / "part-00000.jsonl.gz").read_bytes()).hexdigest())
         time.sleep(1.1)  # a gzip header's mtime has one-second resolution
     assert digests[0] == digests[1]
+
+
+# Top-level names of a filter's own module that no filtered output depends on (the documents check's reader of PII).
+NOT_RUN_BY_THE_STEP = {"pii": {"find_pii"}}
+
+
+@pytest.mark.parametrize("setting", sorted(setting for setting, refs in STEP_CODE.items()
+                                           if refs and all(ref.startswith(f"filters.{setting}:") for ref in refs)))
+def test_every_definition_of_a_filters_own_module_is_in_its_code_version(setting):
+    """Editing any rule of a filter that has a module of its own (pii.py, c4.py, code.py, toxicity.py) makes the
+    filtered outputs of the sources that use it stale (assets/curation/filtered.py): STEP_CODE names every top-level
+    definition of that module."""
+    tree = ast.parse((REPO / "pipelines" / "filters" / f"{setting}.py").read_text())
+    names = {t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+             for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)}
+    names |= {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    assert {ref.partition(":")[2] for ref in STEP_CODE[setting]} == names - NOT_RUN_BY_THE_STEP.get(setting, set())
