@@ -114,12 +114,12 @@ def test_editing_one_filter_step_makes_stale_only_the_filtered_sources_that_use_
             for step in ("code", "quality_model", "pii")}
     assert uses["code"] == {"curation/code/filtered"}
     assert uses["quality_model"] == {f"curation/{name}/filtered" for name in ("web", "cc", "cc_wet")}
-    assert changed_by_edit(tmp_path / "code", "pipelines.filters.steps", 'return False, "code_long_line"',
+    assert changed_by_edit(tmp_path / "code", "pipelines.filters.code", 'return False, "code_long_line"',
                            'return False, "code_too_long_line"') == uses["code"]
     assert changed_by_edit(tmp_path / "model", "pipelines.filters.steps", "doc.metadata[\"quality_score\"] = round(score, 4)",
                            "doc.metadata[\"quality_score\"] = round(score, 3)") == uses["quality_model"]
-    assert changed_by_edit(tmp_path / "pii", "pipelines.filters.steps", "return 8 <= sum(ch.isdigit() for ch in text) <= 15",
-                           "return 7 <= sum(ch.isdigit() for ch in text) <= 15") == uses["pii"]
+    assert changed_by_edit(tmp_path / "pii", "pipelines.filters.pii", "return 8 <= sum(ch.isdigit() for ch in match.group(0)) <= 15",
+                           "return 7 <= sum(ch.isdigit() for ch in match.group(0)) <= 15") == uses["pii"]
 
 
 def test_editing_engine_code_makes_stale_the_assets_that_run_it_and_never_the_kept_tokenizer(tmp_path):
