@@ -18,6 +18,7 @@ import atexit
 import json
 import os
 import shutil
+import signal
 import sys
 import threading
 from collections import Counter
@@ -234,6 +235,10 @@ class WorkerPool:
 def _start_helper(counter) -> None:
     global _COUNTER
     _COUNTER = counter
+    # A spawned process inherits ignored signals: started from a shell that ignores SIGTERM (a background job, nohup),
+    # a helper that Pool.terminate() signals lived on, and closing a pool whose helper had died and been replaced
+    # waited for it forever (seen in the test suite). The pool ends its helpers with SIGTERM: they must hear it.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     import importlib
 
     for module in WARM_MODULES:

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import time
 from pathlib import Path
 
 import pytest
 from datatrove.pipeline.base import PipelineStep
 
-from pipelines.runner import LocalRunner, completed_ranks, run_resumable, stat_totals
+from pipelines.runner import LocalRunner, WorkerPool, completed_ranks, run_resumable, stat_totals
 from tests.resources.test_executor import RecordRuns
 
 
@@ -117,3 +119,30 @@ def test_a_helper_that_dies_fails_the_run_naming_it_and_the_next_run_gets_a_new_
     assert len(done) == 2  # this process did the tasks the helper did not live to finish, but its own
     again = runner.run([MeetAndRecord(str(folder), meet=0, parent=os.getpid())], logging_dir=folder / "logs", tasks=3)
     assert stat_totals(again)["met"] == 3 and completed_ranks(folder / "logs", 3) == {0, 1, 2}
+
+
+def test_helpers_hear_sigterm_even_when_this_process_ignores_it(tmp_path):
+    """A process started where SIGTERM is ignored (a shell's background job, nohup) passes that on to the helpers it
+    spawns, and the pool ends its helpers with SIGTERM: closing a pool whose dead helper had just been replaced waited
+    for the new one forever (seen once in the suite, in the test above). Helpers set SIGTERM back to its default."""
+    WorkerPool.close_all()
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        folder = tmp_path / "run"
+        folder.mkdir()
+        LocalRunner(workers=2).run([MeetAndRecord(str(folder), meet=2, parent=os.getpid())],
+                                   logging_dir=folder / "logs", tasks=2)  # a helper ran a task: it is set up
+        [pool] = WorkerPool._pools.values()
+        helpers = list(pool.pool._pool)
+
+        def ignores_sigterm(pid: int) -> bool:
+            mask = re.search(r"SigIgn:\s*([0-9a-f]+)", Path(f"/proc/{pid}/status").read_text()).group(1)
+            return bool(int(mask, 16) & (1 << (signal.SIGTERM - 1)))
+
+        assert ignores_sigterm(os.getpid())  # what the helpers inherited
+        assert helpers and not any(ignores_sigterm(p.pid) for p in helpers)
+        pool.pool.terminate()  # SIGTERM to each helper, then join: returns only once they are gone
+        assert all(p.exitcode == -signal.SIGTERM for p in helpers)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        WorkerPool.close_all()
