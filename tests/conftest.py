@@ -11,16 +11,18 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = (REPO.parent / "shared" / "data").resolve()
 
 
-def share_the_cores_between_workers(environ=os.environ) -> None:
+def share_the_cores_between_workers() -> None:
     """Under pytest-xdist, each worker's processes (the worker itself, the trainers, Dagster runs and evaluations its
     tests start) use cores // workers OpenMP threads, unless OMP_NUM_THREADS is already set. Each worker otherwise runs
     torch with every core while the other worker keeps them busy, and OpenMP threads that wait on a taken core made
     the demo's main training 6x slower (111 s, 600 tokens/s, against 18 s alone). This is what assets/parallel.py
     does for two runs at once; a test that needs its own count still sets it. Before anything imports torch: its
     thread pool is sized when it loads."""
-    workers = int(environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    from assets.parallel import THREADS_ENV, cpu_count
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
     if workers > 1:
-        environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // workers)))
+        os.environ.setdefault(THREADS_ENV, str(max(1, cpu_count() // workers)))
 
 
 share_the_cores_between_workers()

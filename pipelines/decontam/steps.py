@@ -38,7 +38,7 @@ class DecontamShards(PipelineStep):
     """This task's share of the input parts (store keys, every world_size-th from `rank`), each checked against
     the index saved at `index_path` (loaded in the task, once) and written under output_dir as its own outputs.
     Stats: documents_in, kept, dropped_contaminated, cut, chars_cut, spans_cut, hits_<benchmark> (documents per
-    benchmark), report_hits (report lines). With `records_dir`, each part's files and record counts go to
+    benchmark). With `records_dir`, each part's files and record counts go to
     records_dir/<part>.json as well (`written_files` gathers them), so the stage lists its output without reading
     it back, and its hits to records_dir/<part>.hits.jsonl (`write_report` joins them)."""
 
@@ -74,7 +74,6 @@ class DecontamShards(PipelineStep):
             for name in ("documents_in", "kept", "cut", "chars_cut", "spans_cut"):
                 self.stat_update(name, value=getattr(stats, name), unit="part")
             self.stat_update("dropped_contaminated", value=stats.dropped, unit="part")
-            self.stat_update("report_hits", value=len(stats.report), unit="part")
             for benchmark, n in stats.hits.items():
                 self.stat_update(f"hits_{benchmark}", value=n, unit="part")
         if data:
