@@ -149,7 +149,7 @@ def slurm_cluster(tmp_path_factory):
             [sbin("munged"), "-F", "--force", f"--socket={munge_socket}", f"--key-file={key}",
              f"--log-file={root}/munged.log", f"--pid-file={root}/munged.pid", f"--seed-file={root}/munged.seed"],
             stdout=open(root / "munged.out", "w"), stderr=subprocess.STDOUT)
-        _wait(lambda: munge_socket.exists(), 20, "munged's socket", cluster)
+        wait_until(lambda: munge_socket.exists(), 20, "munged's socket", cluster)
         processes["slurmctld"] = subprocess.Popen([sbin("slurmctld"), "-D", "-i"], env=env,
                                                   stdout=open(root / "slurmctld.out", "w"), stderr=subprocess.STDOUT)
         for node in nodes:
@@ -164,7 +164,7 @@ def slurm_cluster(tmp_path_factory):
             out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=env, capture_output=True, text=True)
             return out.returncode == 0 and sorted(out.stdout.splitlines()) == [f"{node} idle" for node in nodes]
 
-        _wait(idle, 60, f"sinfo to show nodes {', '.join(nodes)} idle", cluster)
+        wait_until(idle, 60, f"sinfo to show nodes {', '.join(nodes)} idle", cluster)
         yield cluster
     finally:
         if "slurmctld" in processes and processes["slurmctld"].poll() is None:
@@ -172,7 +172,7 @@ def slurm_cluster(tmp_path_factory):
         _stop(processes)
 
 
-def _wait(ready, seconds: float, what: str, cluster: SlurmCluster) -> None:
+def wait_until(ready, seconds: float, what: str, cluster: SlurmCluster) -> None:
     deadline = time.monotonic() + seconds
     while not ready():
         if time.monotonic() > deadline:

@@ -28,6 +28,7 @@ from resources.launcher import LauncherResource
 from resources.slurm import SlurmConfig, node_script, sbatch_options
 from tests.conftest import REPO
 from tests.ports import free_port
+from tests.slurm_cluster import wait_until
 from tests.trainer.conftest import run_dict
 from tests.trainer.faults import fault_env
 from trainer.checkpoint.store import LocalCheckpoints, step_name
@@ -112,6 +113,14 @@ def standalone(tmp_path_factory):
     return result
 
 
+def ended_jobs(slurm, job_name: str) -> list[dict]:
+    """The jobs of that name once Slurm has them all ended. The launcher returns when srun does, and slurmctld marks
+    the job COMPLETED a moment later (the suite once read RUNNING in between, under AVX2-only kernels)."""
+    wait_until(lambda: not [j for j in slurm.jobs() if j.get("JobName") == job_name
+                       and j.get("JobState") in ("PENDING", "RUNNING", "COMPLETING")],
+          30, f"the jobs named {job_name} to end", slurm)
+    return [j for j in slurm.jobs() if j.get("JobName") == job_name]
+
 @pytest.mark.slow  # ~15-25 s each: a Slurm job of two trainer ranks and the same run under torchrun
 @pytest.mark.parametrize("nnodes, nproc_per_node", [(1, 2), (2, 1)], ids=["1 node x 2", "2 nodes x 1"])
 def test_a_training_asset_on_slurm_reports_to_dagster_and_matches_torchrun(slurm, standalone, tmp_path,
@@ -125,7 +134,7 @@ def test_a_training_asset_on_slurm_reports_to_dagster_and_matches_torchrun(slurm
     assert result.command[0] == "srun"
 
     # Slurm ran it: one job of that name, on nnodes of the cluster's nodes, finished with exit code 0.
-    jobs = [j for j in slurm.jobs() if j.get("JobName") == job_name]
+    jobs = ended_jobs(slurm, job_name)
     assert len(jobs) == 1, slurm.jobs()
     assert jobs[0]["JobState"] == "COMPLETED" and jobs[0]["ExitCode"] == "0:0"
     assert jobs[0]["NumNodes"] == str(nnodes)
@@ -180,7 +189,7 @@ def test_a_straggling_node_is_drained_and_the_job_goes_on_without_it(slurm, tmp_
     assert resumed["world_size"] == 2 and resumed["universal"]  # 2 ranks' checkpoint into 1 rank
     assert result.summary["steps"] == 10
     # Slurm's side: the first job on both nodes, the second on the other node only.
-    jobs = [j for j in slurm.jobs() if j.get("JobName") == job_name]
+    jobs = ended_jobs(slurm, job_name)
     assert [j["NumNodes"] for j in jobs] == ["2", "1"], jobs
     assert jobs[1]["NodeList"] != straggler["host"] and jobs[1]["JobState"] == "COMPLETED"
     sbatch, srun = restart["sbatch"], restart["command"]
