@@ -11,18 +11,19 @@ The recipe in force is chosen by `--recipe` (CLI) or `PRETRAIN_RECIPE`, default 
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 from pathlib import Path
 from typing import Literal
 
 import pydantic
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from assets.stages import EvaluationSection, MixingSection, TrainingSection
 from pipelines.decontam.index import DecontamConfig
 from pipelines.dedup.minhash import DedupConfig
-from pipelines.filters.config import FilterConfig
+from pipelines.filters.config import FilterConfig, ReferenceConfig
 from pipelines.inputs import URL_SCHEME
 from pipelines.ingest.readers import ReaderConfig, expand_inputs
 from pipelines.filters.quality import QualityClassifierConfig
@@ -98,6 +99,7 @@ class Recipe(BaseModel):
     base_dir: str = Field(".", description="Where relative inputs are found, relative to the recipe file")
     sources: list[SourceConfig] = Field(min_length=1)
     quality_classifier: QualityClassifierConfig | None = None
+    reference: ReferenceConfig | None = None  # the reference LM of the perplexity filter (curation/reference_lm)
     dedup: DedupConfig = DedupConfig()  # one global stage over all sources
     decontamination: DecontamConfig = DecontamConfig()  # benchmark paths relative to base_dir
     tokenizer: TokenizerConfig = TokenizerConfig()  # train a BPE, or adopt `path` (relative to base_dir)
@@ -127,6 +129,30 @@ class Recipe(BaseModel):
         for field, named in _source_references(info.field_name, section):
             _check_sources(field, named, info)
         return section
+
+    @model_validator(mode="after")
+    def _reference_text_apart(self):
+        """The reference model's files: train and val apart, and neither a quality positive nor a benchmark (a model
+        trained on a benchmark would keep the documents that quote it; one trained on the positives would judge by
+        the same text twice). Every source's perplexity filter needs the section."""
+        for source in self.sources:
+            if source.filter.perplexity is not None and self.reference is None:
+                raise ValueError(f"sources[{source.name}].filter.perplexity needs the recipe's `reference` section")
+        if self.reference is None:
+            return self
+        norm = posixpath.normpath
+        others = {norm(f): "quality_classifier.positive_files"
+                  for f in getattr(self.quality_classifier, "positive_files", ())}
+        others.update({norm(f): "decontamination.benchmarks" for f in self.decontamination.benchmarks})
+        train = {norm(f) for f in self.reference.train_files}
+        for field, files in (("reference.train_files", self.reference.train_files),
+                             ("reference.val_files", self.reference.val_files)):
+            for name in files:
+                if field == "reference.val_files" and norm(name) in train:
+                    raise ValueError(f"reference.val_files: {name!r} is also in reference.train_files")
+                if norm(name) in others:
+                    raise ValueError(f"{field}: {name!r} is also in {others[norm(name)]}")
+        return self
 
     @property
     def input_root(self) -> Path:

@@ -179,6 +179,59 @@ class ToxicityConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PerplexityConfig:
+    """Perplexity under the recipe's reference model (pipelines/filters/perplexity.py; the `reference` section trains
+    it as curation/reference_lm). Keep a document when its perplexity is at most `max_perplexity`, and/or when it lies
+    within `keep_percentiles` [lo, hi] of the perplexities the reference model gives its own validation paragraphs
+    (a band fixed by the model, so the kept documents never depend on the task count or the order)."""
+
+    max_perplexity: float | None = None
+    keep_percentiles: tuple[float, float] | None = None
+    languages: tuple[str, ...] = ("en",)  # the reference text's language; other documents pass unscored
+    max_tokens: int = 512  # a document's first tokens are scored: the cost per document is bounded
+
+    def __post_init__(self):
+        if self.max_perplexity is None and self.keep_percentiles is None:
+            raise ValueError("perplexity needs max_perplexity or keep_percentiles")
+        if self.max_perplexity is not None and self.max_perplexity <= 1.0:
+            raise ValueError(f"perplexity.max_perplexity must be above 1, got {self.max_perplexity}")
+        if self.keep_percentiles is not None:
+            lo, hi = self.keep_percentiles
+            if not 0.0 <= lo < hi <= 100.0:
+                raise ValueError(f"perplexity.keep_percentiles must be [lo, hi] with 0 <= lo < hi <= 100, "
+                                 f"got {list(self.keep_percentiles)}")
+        if self.max_tokens < 2:
+            raise ValueError(f"perplexity.max_tokens must be at least 2, got {self.max_tokens}")
+        if not self.languages:
+            raise ValueError("perplexity.languages must list at least one language code")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReferenceConfig:
+    """The recipe's `reference` section: the text curation/reference_lm trains a small causal LM on (our trainer),
+    with a byte-level BPE of its own trained on the same text. Files are relative to the recipe's base_dir; a .zip
+    is read as the text of all its members. Sized to train in seconds on 2 CPU cores."""
+
+    train_files: tuple[str, ...]
+    val_files: tuple[str, ...]
+    vocab_size: int = 2048
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    seq_len: int = 64
+    train_tokens: int = 131_072  # 128 steps of 16 sequences of 64 tokens
+    global_batch: int = 16
+    lr: float = 3e-3
+    max_train_bytes: int = 1_500_000  # of the train files' paragraphs, in order: bounds the tokenizer's training
+    max_val_bytes: int = 100_000  # of the val files' paragraphs, in order: the validation figures cost seconds
+    seed: int = 0
+
+    def __post_init__(self):
+        if not self.train_files or not self.val_files:
+            raise ValueError("reference.train_files and reference.val_files must each name at least one file")
+
+
+@dataclass(frozen=True, kw_only=True)
 class FilterConfig:
     """A source's filter settings (recipe: `sources[].filter`). Steps left out (None) do not run."""
 
@@ -191,6 +244,7 @@ class FilterConfig:
     code: CodeConfig | None = None
     quality_model: QualityModelConfig | None = None
     toxicity: ToxicityConfig | None = None
+    perplexity: PerplexityConfig | None = None  # needs the recipe's `reference` section
     pii: PiiConfig | None = field(default_factory=PiiConfig)
     # No task count here: how many tasks run is the executor's (PRETRAIN_EXECUTOR_TASKS; by default one per input
     # part), and it never changes which documents are kept, so it is no part of the version.
@@ -205,6 +259,7 @@ class FilterConfig:
 # A misspelt or retired setting in a recipe's filter section is refused by name when pydantic reads it (the
 # recipe does), not silently ignored: pydantic takes a stdlib dataclass's settings from __pydantic_config__.
 for _settings in (UrlFilterConfig, LanguageConfig, GopherQualityConfig, GopherRepetitionConfig, C4Config,
-                  FineWebConfig, CodeConfig, QualityModelConfig, ToxicityConfig, PiiConfig,
+                  FineWebConfig, CodeConfig, QualityModelConfig, ToxicityConfig, PerplexityConfig, ReferenceConfig,
+                  PiiConfig,
                   FilterConfig):
     _settings.__pydantic_config__ = {"extra": "forbid"}
