@@ -12,8 +12,9 @@ metadata.filter_reason): named after the input, so any number of tasks writes th
 The steps are datatrove's where they fit (URL, language, Gopher, C4's rules, FineWeb), configured from the recipe,
 plus small steps of our own: malformed URLs, language-aware stop words, C4's line rules writing the kept text back
 as it was (pipelines/filters/c4.py), code quality (pipelines/filters/code.py), the quality model, offensive language
-(pipelines/filters/toxicity.py) and PII scrubbing (pipelines/filters/pii.py). Order: cheap and decisive first (URL,
-language), then the prose or code rules, then the models, and PII last so it only scrubs documents that are kept.
+(pipelines/filters/toxicity.py), perplexity under a reference model (pipelines/filters/perplexity.py) and PII
+scrubbing (pipelines/filters/pii.py). Order: cheap and decisive first (URL, language), then the prose or code rules,
+then the models, and PII last so it only scrubs documents that are kept.
 
 Language matters: Gopher's stop-word rule is English (it drops most German pages), so stop words come from a
 per-language table and a document whose language has no list skips that one rule, never the others.
@@ -48,11 +49,13 @@ from pipelines.filters.config import (  # noqa: F401,E402  (re-exported: the set
     CodeConfig,
     QualityModelConfig,
     ToxicityConfig,
+    PerplexityConfig,
     PiiConfig,
     FilterConfig,
 )
 from pipelines.filters.c4 import C4LineFilter
 from pipelines.filters.code import CodeQualityFilter
+from pipelines.filters.perplexity import PerplexityFilter
 from pipelines.filters.pii import PiiScrubber
 from pipelines.filters.quality import QualityScorer
 from pipelines.filters.toxicity import ToxicityFilter
@@ -244,6 +247,10 @@ STEP_CODE: dict[str, tuple[str, ...]] = {
     "toxicity": tuple(f"filters.toxicity:{name}" for name in (
         "ToxicityFilter", "split_sentences", "judge", "_load_predict_prob", "_SENTENCE_BREAK", "_ALPHA_WORD",
         "_BATCH_DOCUMENTS")),
+    "perplexity": tuple(f"filters.perplexity:{name}" for name in (
+        "PerplexityFilter", "ReferenceModel", "load_reference", "_LOADED", "read_reference_text",
+        "reference_paragraphs", "export", "main", "MODEL_FILE", "REFERENCE_FILE", "TOKENIZER_FILE", "EOS",
+        "_BATCH_DOCUMENTS", "_BATCH_WINDOWS")),
     "pii": tuple(f"filters.pii:{name}" for name in (
         "PiiScrubber", "scrub_pii", "_scan", "_Rule", "_RULES", "_OCTET", "_luhn", "_card", "_iban", "_b64_json",
         "_jwt", "_ssn", "_VERSION_BEFORE", "_ipv4", "_ipv6", "_phone")),
@@ -253,8 +260,9 @@ PIPELINE_CODE = ("filter_steps", "filter_pipeline", "filter_counts")
 
 
 def filter_steps(config: FilterConfig, *, lists_root: Path, model_path: Path | None = None,
-                 rejected_dir: Path | None = None) -> list[PipelineStep]:
-    """The filter and scrub steps for one source, in order (no reader or writer)."""
+                 reference_dir: Path | None = None, rejected_dir: Path | None = None) -> list[PipelineStep]:
+    """The filter and scrub steps for one source, in order (no reader or writer). model_path: the quality
+    classifier's model; reference_dir: the reference LM's folder (pipelines/filters/perplexity.py)."""
 
     def rejected(step: str):
         if rejected_dir is None:
@@ -289,18 +297,23 @@ def filter_steps(config: FilterConfig, *, lists_root: Path, model_path: Path | N
         steps.append(QualityModelFilter(config.quality_model, model_path, exclusion_writer=rejected("quality_model")))
     if config.toxicity:
         steps.append(ToxicityFilter(config.toxicity, exclusion_writer=rejected("toxicity")))
+    if config.perplexity:
+        if reference_dir is None:
+            raise ValueError("filter.perplexity is set but no reference model was given")
+        steps.append(PerplexityFilter(config.perplexity, reference_dir, exclusion_writer=rejected("perplexity")))
     if config.pii:
         steps.append(PiiScrubber(config.pii))
     return steps
 
 
 def filter_pipeline(config: FilterConfig, *, input_dir: Path | str, output_dir: Path, lists_root: Path,
-                    model_path: Path | None = None) -> list[PipelineStep]:
+                    model_path: Path | None = None, reference_dir: Path | None = None) -> list[PipelineStep]:
     """Reader of input_dir/part-*.jsonl.gz (a folder, or a URL such as a store output's s3://...) ->
     filter_steps -> writer of output_dir/<the same names>; dropped documents go to output_dir/rejected-<step>-<input name>."""
     reader = InputShardReader(str(input_dir), glob_pattern="part-*.jsonl.gz")
     writer = InputShardWriter(str(output_dir))
-    steps = filter_steps(config, lists_root=lists_root, model_path=model_path, rejected_dir=output_dir)
+    steps = filter_steps(config, lists_root=lists_root, model_path=model_path, reference_dir=reference_dir,
+                         rejected_dir=output_dir)
     return [reader, *steps, writer]
 
 
