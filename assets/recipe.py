@@ -182,7 +182,8 @@ def _source_references(section_name: str, section) -> list[tuple[str, object]]:
     if section is None:
         return []
     if section_name == "quality_classifier":
-        return [("quality_classifier.negative_sources", section.negative_sources)]
+        return [("quality_classifier.negative_sources", section.negative_sources),
+                ("quality_classifier.boilerplate_sources", section.boilerplate_sources)]
     if section_name == "mixing":
         return [("mixing.prior", section.prior)]
     return [(f"{where}.weights", stage.weights or {}) for where, stage in section.later()]

@@ -1,6 +1,9 @@
-"""`curation/quality_classifier`: a fastText model of reference text (recipe `quality_classifier.positive_files`)
-against raw web documents (`negative_sources`' raw_crawl outputs, `negative_files`); its accuracy on the
-labelled documents is in the materialization metadata. A source whose filter has `quality_model` reads it.
+"""`curation/quality_classifier`: linear models of reference text (recipe `quality_classifier.positive_files`)
+against low-quality web text: the raw_crawl documents of `negative_sources`, the boilerplate the extractor dropped
+from the pages of `boilerplate_sources` (their raw_crawl documents beside the source's own HTML), and
+`negative_files`. Every model of pipelines/filters/quality.py MODELS is trained and scored on the labelled
+documents (accuracy and ROC AUC, the majority baseline beside them, in the materialization metadata and the log);
+the one `quality_classifier.model` names is the output, and a source whose filter has `quality_model` reads it.
 """
 
 import pydantic
@@ -11,8 +14,16 @@ from assets.core.upstream import Output
 from assets.core.versioning import file_fingerprints
 from assets.curation.raw_crawl import raw_crawl_key
 from assets.recipe import Recipe
+from pipelines.filters.quality import (
+    MODELS,
+    QualityClassifierConfig,
+    boilerplate,
+    read_labelled,
+    train_quality_classifier,
+)
+from pipelines.ingest.extraction import decode_text
+from pipelines.ingest.readers import read_inputs
 from pipelines.shards import iter_documents
-from pipelines.filters.quality import QualityClassifierConfig, read_labelled, train_quality_classifier
 
 CLASSIFIER_KEY = AssetKey(["curation", "quality_classifier"])
 MODEL_FILE = "model.npy"
@@ -20,8 +31,10 @@ MODEL_FILE = "model.npy"
 
 def quality_classifier_asset(recipe: Recipe, config: QualityClassifierConfig):
     section = pydantic.TypeAdapter(QualityClassifierConfig).dump_python(config, mode="json")
-    for name in config.negative_sources:
+    for name in (*config.negative_sources, *config.boilerplate_sources):
         recipe.source(name)  # KeyError naming the sources when a negative source does not exist
+    reads = {f"negative:{name}": raw_crawl_key(name) for name in config.negative_sources}
+    reads.update({f"boilerplate:{name}": raw_crawl_key(name) for name in config.boilerplate_sources})
 
     def prepare(inputs: Inputs) -> Inputs:
         files = {name: recipe.input_root / name
@@ -32,41 +45,91 @@ def quality_classifier_asset(recipe: Recipe, config: QualityClassifierConfig):
         fingerprints = file_fingerprints(list(files.values()))  # by content: a relabelled file is a new version
         return inputs.but(fingerprints=fingerprints, manifest={"inputs": fingerprints}, extra={"files": files})
 
+    def documents(inputs: Inputs, read: str) -> list[dict]:
+        out = inputs.outputs[read]
+        parts = out.download(inputs.store, inputs.work / "input" / out.key.path[-2])
+        return [doc for part in parts for doc in iter_documents(part)]
+
     def build(inputs: Inputs, out_dir) -> dict:
         files = inputs.extra["files"]
         negatives = [files[name].read_text(errors="replace") for name in config.negative_files]
-        for out in inputs.outputs.values():
-            for part in out.download(inputs.store, inputs.work / "input" / out.key.path[-2]):
-                negatives += [doc["text"] for doc in iter_documents(part)]
+        for name in config.negative_sources:
+            negatives += [doc["text"] for doc in documents(inputs, f"negative:{name}")]
+        pages = 0
+        for name in config.boilerplate_sources:
+            dropped = source_boilerplate(recipe, name, documents(inputs, f"boilerplate:{name}"))
+            pages += len(dropped)
+            negatives += dropped.values()
         positives = [files[name].read_text(errors="replace") for name in config.positive_files]
         labelled = read_labelled([files[name] for name in config.labelled_files])
-        result = train_quality_classifier(config, positives=positives, negatives=negatives,
-                                          out_path=out_dir / MODEL_FILE, labelled=labelled)
-        inputs.log.info(f"quality classifier: accuracy {result.accuracy} on {result.labelled} labelled documents")
-        return {"counts": {"positives": result.positives, "negatives": result.negatives, "labelled": result.labelled},
-                "accuracy": result.accuracy, "label_balance": result.label_balance}
+        models = {}
+        for model in MODELS:  # every model, so the metadata compares them; the chosen one is the output
+            path = out_dir / MODEL_FILE if model == config.model else inputs.work / "compared" / f"{model}.npy"
+            result = train_quality_classifier(config, positives=positives, negatives=negatives, out_path=path,
+                                              labelled=labelled, model=model)
+            models[model] = {"accuracy": _rounded(result.accuracy), "roc_auc": _rounded(result.roc_auc)}
+        figures = "; ".join(f"{m}{' (chosen)' if m == config.model else ''} accuracy {f['accuracy']} ROC AUC "
+                            f"{f['roc_auc']}" for m, f in models.items())
+        inputs.log.info(f"quality classifier on {result.labelled} labelled documents: {figures}; majority baseline "
+                        f"{_majority(result.label_balance)}")
+        return {"model": config.model, "models": models, "label_balance": result.label_balance,
+                "counts": {"positives": result.positives, "negatives": result.negatives,
+                           "boilerplate_pages": pages, "labelled": result.labelled}}
 
     def metadata(inputs: Inputs, output: Output) -> dict:
         manifest = output.manifest
-        balance = manifest["label_balance"]
+        figures = {}
+        for model, f in manifest["models"].items():
+            figures[f"accuracy_{model}"] = f["accuracy"]
+            figures[f"roc_auc_{model}"] = f["roc_auc"]
+        chosen = manifest["models"][manifest["model"]]
         return {
-            "accuracy": manifest["accuracy"],
+            "model": manifest["model"],  # the one the quality_model filters use
+            "accuracy": chosen["accuracy"],
+            "roc_auc": chosen["roc_auc"],
+            **figures,
             "labelled_documents": manifest["counts"]["labelled"],
-            # Chance for this label mix: always answering the majority label.
-            "majority_baseline": None if balance is None else round(max(balance, 1 - balance), 4),
+            # Chance for this label mix: always answering the majority label (its ROC AUC is 0.5).
+            "majority_baseline": _majority(manifest["label_balance"]),
             "positives": manifest["counts"]["positives"],
             "negatives": manifest["counts"]["negatives"],
+            "boilerplate_pages": manifest["counts"]["boilerplate_pages"],
         }
 
     return output_asset(OutputSpec(
         key=CLASSIFIER_KEY, group="curation", stage="quality_classifier",
         section=section,
         description=(
-            "fastText quality classifier: the recipe's reference texts (high quality) against raw web documents; "
-            "accuracy on the human-labelled documents in the metadata. Driven by the recipe's `quality_classifier` "
-            "section."
+            "Linear quality classifier: the recipe's reference texts (high quality) against raw web documents and "
+            "the boilerplate the extractor dropped; each model's accuracy and ROC AUC on the human-labelled "
+            "documents, beside the majority baseline, in the metadata. Driven by the recipe's `quality_classifier` "
+            "section (`model` chooses the one the filters use)."
         ),
-        reads={name: raw_crawl_key(name) for name in config.negative_sources},
-        prepare=prepare, build=build, metadata=metadata,
+        reads=reads, prepare=prepare, build=build, metadata=metadata,
         failures=(ValueError,),  # a reference or labelled file the recipe names is missing
     ))
+
+
+def source_boilerplate(recipe: Recipe, name: str, docs: list[dict]) -> dict[str, str]:
+    """{document id: the lines its extraction dropped} for each HTML page of source `name` that raw_crawl kept
+    (`docs`, its documents). The page is read again from the source's inputs; its main text is the document of
+    the same id. Pages with nothing dropped are left out."""
+    source = recipe.source(name)
+    main = {doc["id"]: doc["text"] for doc in docs}
+    found = {}
+    for record in read_inputs(name, recipe.input_files(source), source.format, source.reader,
+                              count_bytes=lambda size: None):
+        if record.kind != "html" or record.id not in main:
+            continue
+        html, _ = decode_text(record.body, record.charset, html=True)
+        if html is not None:
+            found[record.id] = boilerplate(html, main[record.id])
+    return {doc_id: text for doc_id, text in found.items() if text}
+
+
+def _majority(balance: float | None) -> float | None:
+    return None if balance is None else round(max(balance, 1 - balance), 4)
+
+
+def _rounded(figure: float | None) -> float | None:
+    return None if figure is None else round(figure, 4)

@@ -102,7 +102,9 @@ def data_recipe(path: Path) -> Path:
         "name": "executor-test",
         "base_dir": str((DEMO_RECIPE.parent / demo["base_dir"]).resolve()),
         "sources": [source for source in demo["sources"] if source["name"] not in ("web", "books", "math")],
-        **{section: demo[section] for section in ("quality_classifier", "dedup", "packing")},
+        **{section: demo[section] for section in ("dedup", "packing")},
+        # The web pages' boilerplate is among the demo classifier's negatives; this copy has no web source.
+        "quality_classifier": {**demo["quality_classifier"], "boilerplate_sources": []},
         "decontamination": {**demo["decontamination"], "benchmarks": [
             "benchmarks/gsm8k_test.jsonl", "benchmarks/arc_easy_test.jsonl", "benchmarks/HumanEval.jsonl.gz"]},
         "tokenizer": {"vocab_size": 512, "sample_bytes": 200_000, "seed": 0},

@@ -1,8 +1,13 @@
-"""assets/curation/quality_classifier.py: the OutputSpec for the demo recipe (key, reads of the negative sources,
-section), a negative source the recipe lacks, prepare's fingerprints and missing-file error, and metadata's
-majority baseline. The build (training the model) is covered by the slow curation tests."""
+"""assets/curation/quality_classifier.py: the OutputSpec for the demo recipe (key, reads of the negative and
+boilerplate sources, section), a negative source the recipe lacks, prepare's fingerprints and missing-file error,
+the build on a small corpus (both models scored, the recipe's `model` is the output), the boilerplate of real
+WARC pages, the recipe's bad `model`, and metadata with the majority baseline. The build on the demo's sources is
+covered by the slow curation tests; the new model's ROC AUC on the labelled documents by
+tests/pipelines/filters/test_steps.py."""
 
+import gzip
 import hashlib
+import json
 import logging
 from types import SimpleNamespace
 
@@ -15,7 +20,9 @@ from assets.core.factory import Inputs
 from assets.core.upstream import Output
 from assets.core.versioning import code_version
 from assets.recipe import DEMO_RECIPE, Recipe, load_recipe
-from pipelines.filters.quality import QualityClassifierConfig
+from pipelines.filters.quality import QualityClassifierConfig, QualityScorer
+from pipelines.ingest.readers import ReaderConfig
+from pipelines.ingest.step import ingest_source
 
 
 def spec_of(monkeypatch, recipe, config):
@@ -28,8 +35,10 @@ def test_demo_spec(monkeypatch):
     spec = spec_of(monkeypatch, recipe, recipe.quality_classifier)
     assert spec.key == AssetKey(["curation", "quality_classifier"])
     assert (spec.group, spec.stage) == ("curation", "quality_classifier")
-    assert dict(spec.reads) == {"cc": AssetKey(["curation", "cc", "raw_crawl"])}
-    assert spec.section["negative_sources"] == ["cc"]
+    assert dict(spec.reads) == {"negative:cc": AssetKey(["curation", "cc", "raw_crawl"]),
+                                "boilerplate:web": AssetKey(["curation", "web", "raw_crawl"])}
+    assert spec.section["negative_sources"] == ["cc"] and spec.section["boilerplate_sources"] == ["web"]
+    assert spec.section["model"] == "linear_bigrams"
     assert spec.section["positive_files"] == ["quality/cs336_high_quality_wiki_reference.txt", "wiki/wikitext-2-valid.txt"]
     assert spec.section == pydantic.TypeAdapter(QualityClassifierConfig).dump_python(recipe.quality_classifier, mode="json")
     assert spec.code_version == code_version("quality_classifier", spec.code_sha256, spec.section)
@@ -53,7 +62,7 @@ def test_prepare_fingerprints_every_file_and_names_a_missing_one(monkeypatch, tm
     (tmp_path / "bad.txt").write_text("buy now!!!\n")
     recipe, config = tiny(tmp_path, positive_files=("good.txt",), negative_files=("bad.txt",), negative_sources=("web",))
     spec = spec_of(monkeypatch, recipe, config)
-    assert dict(spec.reads) == {"web": AssetKey(["curation", "web", "raw_crawl"])}
+    assert dict(spec.reads) == {"negative:web": AssetKey(["curation", "web", "raw_crawl"])}
     inputs = spec.prepare(Inputs(context=SimpleNamespace(log=logging.getLogger("t")), store=None, outputs={}))
     sha = {name: hashlib.sha256((tmp_path / name).read_bytes()).hexdigest() for name in ("good.txt", "bad.txt")}
     assert inputs.fingerprints == [f"good.txt:16:sha256:{sha['good.txt']}", f"bad.txt:11:sha256:{sha['bad.txt']}"]
@@ -66,10 +75,79 @@ def test_prepare_fingerprints_every_file_and_names_a_missing_one(monkeypatch, tm
     assert ValueError in spec.failures
 
 
-def test_metadata_majority_baseline(monkeypatch, tmp_path):
-    recipe, config = tiny(tmp_path, positive_files=("good.txt",), negative_files=("bad.txt",))
+def test_metadata_has_both_models_and_the_majority_baseline(monkeypatch, tmp_path):
+    recipe, config = tiny(tmp_path, positive_files=("good.txt",), negative_files=("bad.txt",), model="linear_words")
     spec = spec_of(monkeypatch, recipe, config)
-    manifest = {"accuracy": 0.8, "label_balance": 0.3, "counts": {"labelled": 10, "positives": 5, "negatives": 7}}
+    manifest = {"model": "linear_words", "label_balance": 0.3,
+                "models": {"linear_words": {"accuracy": 0.8, "roc_auc": 0.85},
+                           "linear_bigrams": {"accuracy": 0.75, "roc_auc": 0.9}},
+                "counts": {"labelled": 10, "positives": 5, "negatives": 7, "boilerplate_pages": 2}}
     meta = spec.metadata(None, Output(spec.key, "p", manifest))
-    assert meta == {"accuracy": 0.8, "labelled_documents": 10, "majority_baseline": 0.7, "positives": 5, "negatives": 7}
+    assert meta == {"model": "linear_words", "accuracy": 0.8, "roc_auc": 0.85,
+                    "accuracy_linear_words": 0.8, "roc_auc_linear_words": 0.85,
+                    "accuracy_linear_bigrams": 0.75, "roc_auc_linear_bigrams": 0.9,
+                    "labelled_documents": 10, "majority_baseline": 0.7, "positives": 5, "negatives": 7,
+                    "boilerplate_pages": 2}
     assert spec.metadata(None, Output(spec.key, "p", {**manifest, "label_balance": None}))["majority_baseline"] is None
+
+
+GOOD = ("The theorem follows from the lemma, and the proof of the corollary uses the same axiom. " * 8).strip()
+BAD = ("Click here to buy now, free shipping on every cheap deal, sign up for our newsletter. " * 8).strip()
+
+
+@pytest.mark.parametrize("model, word_ngrams", [("linear_words", 1), ("linear_bigrams", 2)])
+def test_the_build_scores_both_models_and_outputs_the_recipes(monkeypatch, tmp_path, model, word_ngrams):
+    (tmp_path / "good.txt").write_text(GOOD)
+    (tmp_path / "bad.txt").write_text(BAD)
+    rows = [{"text": GOOD[:200], "label": 1}, {"text": BAD[:200], "label": 0}, {"text": "the proof", "label": 1}]
+    (tmp_path / "labels.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recipe, config = tiny(tmp_path, positive_files=("good.txt",), negative_files=("bad.txt",),
+                          labelled_files=("labels.jsonl",), model=model, chunk_words=40, min_chunk_words=10,
+                          buckets=1024)
+    spec = spec_of(monkeypatch, recipe, config)
+    context = SimpleNamespace(log=logging.getLogger("t"))
+    inputs = spec.prepare(Inputs(context=context, store=None, outputs={}))
+    out = tmp_path / "out"
+    manifest = spec.build(inputs.but(work=tmp_path / "work"), out)
+    assert manifest["model"] == model and set(manifest["models"]) == {"linear_words", "linear_bigrams"}
+    for figures in manifest["models"].values():
+        assert figures == {"accuracy": 1.0, "roc_auc": 1.0}  # a separable toy: every model ranks it right
+    assert manifest["label_balance"] == pytest.approx(2 / 3)
+    assert manifest["counts"] == {"positives": 3, "negatives": 1, "boilerplate_pages": 0, "labelled": 3}
+    assert [p.name for p in out.iterdir()] == [qc.MODEL_FILE]  # the chosen model alone is the output
+    assert QualityScorer(str(out / qc.MODEL_FILE)).word_ngrams == word_ngrams
+
+
+def test_a_model_the_recipe_does_not_know_is_an_error_naming_the_field(tmp_path):
+    raw = DEMO_RECIPE.read_text().replace("  model: linear_bigrams\n", "  model: fasttext\n")
+    assert "model: fasttext" in raw
+    path = tmp_path / "recipe.yaml"
+    data = (DEMO_RECIPE.parent / "../../shared/data").resolve()
+    path.write_text(raw.replace("base_dir: ../../shared/data", f"base_dir: {data}"))
+    with pytest.raises(Exception) as err:
+        load_recipe(path)
+    assert "quality_classifier.model must be one of linear_words, linear_bigrams, got 'fasttext'" in str(err.value)
+
+
+def test_boilerplate_of_real_pages_is_what_their_extraction_dropped(tmp_path, shared_data):
+    """The dolma wget WARC (~20 English sites): each page raw_crawl kept gives the lines of its HTML's visible text
+    that its main text lacks; no line of the main text is among them."""
+    warc = "crawl/dolma_sample-0000.warc.gz"
+    recipe = Recipe.model_validate({"name": "t", "base_dir": str(shared_data), "path": tmp_path / "recipe.yaml",
+                                    "sources": [{"name": "pages", "format": "warc", "inputs": [warc]}]})
+    ingest_source(name="pages", inputs=[shared_data / warc], format="warc", reader=ReaderConfig(), out_dir=tmp_path)
+    docs = [json.loads(line) for part in sorted(tmp_path.glob("part-*.jsonl.gz")) for line in gzip.open(part, "rt")]
+    assert len(docs) > 5
+    dropped = qc.source_boilerplate(recipe, "pages", docs)
+    assert len(docs) // 2 < len(dropped) <= len(docs) and set(dropped) <= {doc["id"] for doc in docs}
+    for doc in docs:
+        if doc["id"] not in dropped:
+            continue
+        lines = dropped[doc["id"]].split("\n")
+        assert all(line == " ".join(line.split()) and line for line in lines)  # whitespace-normalized, none empty
+        main = " ".join(doc["text"].split())
+        assert not [line for line in lines if line in main]  # nothing the main text holds
+    every = [line for text in dropped.values() for line in text.split("\n")]
+    assert {"Skip to main content", "Privacy Policy"} & set(every), every[:50]  # what menus and footers say
+    # A document id that no page has gives nothing: the main text and its page are matched by id.
+    assert qc.source_boilerplate(recipe, "pages", [{**docs[0], "id": "nope"}]) == {}

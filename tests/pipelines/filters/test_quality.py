@@ -1,4 +1,5 @@
-"""pipelines.filters.quality: config checks, chunking, hashed features, a tiny fit, the saved model, labelled files."""
+"""pipelines.filters.quality: config checks, chunking, hashed features, boilerplate, ROC AUC, a tiny fit of each
+model, the saved model, labelled files."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ import numpy as np
 import pytest
 
 from pipelines.filters.quality import (
+    MODELS,
     QualityClassifierConfig,
     QualityScorer,
+    boilerplate,
     chunks,
     features,
     read_labelled,
+    roc_auc,
     train_quality_classifier,
 )
 
@@ -31,7 +35,8 @@ def config(**kw) -> QualityClassifierConfig:
 
 @pytest.mark.parametrize("kw, message", [
     (dict(positive_files=()), "positive_files must name at least one file"),
-    (dict(negative_files=(), negative_sources=()), "needs negative_sources or negative_files"),
+    (dict(negative_files=(), negative_sources=()), "needs negative_sources, boilerplate_sources or negative_files"),
+    (dict(model="fasttext"), "quality_classifier.model must be one of linear_words, linear_bigrams, got 'fasttext'"),
     (dict(min_chunk_words=0), "1 <= min_chunk_words <= chunk_words"),
     (dict(chunk_words=10, min_chunk_words=11), "1 <= min_chunk_words <= chunk_words"),
     (dict(buckets=1), "buckets >= 2"),
@@ -47,6 +52,10 @@ def test_negatives_may_come_from_sources_alone_and_edges_are_allowed():
     c = QualityClassifierConfig(positive_files=("a",), negative_sources=("cc",), chunk_words=1, min_chunk_words=1,
                                 buckets=2, l2=0.0, max_iter=1)
     assert c.negative_files == () and c.chunk_words == c.min_chunk_words == 1
+    assert c.model == "linear_bigrams"  # the default: the better of the two on the labelled documents
+    only_boilerplate = QualityClassifierConfig(positive_files=("a",), boilerplate_sources=("web",),
+                                               model="linear_words")
+    assert only_boilerplate.boilerplate_sources == ("web",) and only_boilerplate.model == "linear_words"
 
 
 # --- chunks and features ----------------------------------------------------------------------------------------
@@ -87,6 +96,63 @@ def test_colliding_words_share_a_bucket_and_rows_stay_unit_length():
     np.testing.assert_allclose(np.linalg.norm(X[1].toarray()), 1.0)
 
 
+def test_bigram_features_add_each_adjacent_pair_joined_by_one_space():
+    buckets = 1 << 18
+    row = features(["Cat sat; cat sat."], buckets, word_ngrams=2)[0].toarray().ravel()
+    h = {g: zlib.crc32(g.encode()) % buckets for g in ("cat", "sat", "cat sat", "sat cat")}
+    assert len(set(h.values())) == 4
+    raw = {h["cat"]: math.log(3), h["sat"]: math.log(3), h["cat sat"]: math.log(3), h["sat cat"]: math.log(2)}
+    norm = math.sqrt(sum(v * v for v in raw.values()))
+    assert set(np.flatnonzero(row)) == set(raw)
+    for col, value in raw.items():
+        assert row[col] == pytest.approx(value / norm)
+    words_only = features(["Cat sat; cat sat."], buckets)[0]
+    assert set(words_only.indices) == {h["cat"], h["sat"]}  # word_ngrams=1: the first model's features
+
+
+# --- boilerplate ------------------------------------------------------------------------------------------------
+
+
+PAGE = """<?xml version="1.0" encoding="utf-8"?>
+<html><head><title>River news</title><style>p {color: red}</style><script>var x = "Cookies";</script></head>
+<body><nav><a href="/">Home</a> <a href="/login">Log in</a></nav>
+<article><p>The river rose by <b>two metres</b> overnight, and the town closed its bridges.</p>
+<p>Officials expect   the water to fall by Friday.</p></article>
+<footer>Subscribe to our newsletter<br>© 2024 River Times</footer></body></html>"""
+MAIN = ("The river rose by two metres overnight, and the town closed its bridges.\n"
+        "Officials expect the water to fall by Friday.")
+
+
+def test_boilerplate_is_the_visible_text_the_main_text_lacks():
+    dropped = boilerplate(PAGE, MAIN).split("\n")
+    # Script and style are not visible; the pieces of the kept paragraph that <b> splits are in the main text.
+    assert dropped == ["River news", "Home", "Log in", "Subscribe to our newsletter", "© 2024 River Times"]
+    assert boilerplate(PAGE, "").count("\n") > len(dropped)  # with no main text, the article's lines are dropped too
+    assert boilerplate("", MAIN) == ""  # nothing to parse
+
+
+# --- ROC AUC ----------------------------------------------------------------------------------------------------
+
+
+def pairwise_auc(scores, labels):
+    """By definition: over every (labelled 1, labelled 0) pair, 1 when the 1 scores higher, 1/2 on a tie."""
+    ones = [s for s, y in zip(scores, labels) if y]
+    zeros = [s for s, y in zip(scores, labels) if not y]
+    return sum((a > b) + 0.5 * (a == b) for a in ones for b in zeros) / (len(ones) * len(zeros))
+
+
+def test_roc_auc_is_the_share_of_pairs_ranked_right_ties_half():
+    assert roc_auc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1]) == pytest.approx(0.75)
+    assert roc_auc([0.9, 0.1], [1, 0]) == 1.0 and roc_auc([0.1, 0.9], [1, 0]) == 0.0
+    assert roc_auc([0.5, 0.5, 0.5], [1, 0, 1]) == 0.5
+    rng = np.random.default_rng(0)
+    scores = list(rng.integers(0, 20, 200) / 20)  # many ties
+    labels = list(rng.integers(0, 2, 200))
+    assert roc_auc(scores, labels) == pytest.approx(pairwise_auc(scores, labels))
+    with pytest.raises(ValueError, match="labelled 0 and 1"):
+        roc_auc([0.2, 0.3], [1, 1])
+
+
 # --- a tiny fit -------------------------------------------------------------------------------------------------
 
 
@@ -99,23 +165,37 @@ def test_a_separable_fit_scores_each_side_and_reports_accuracy(tmp_path):
     negatives = corpus(BAD, 7) + ["", "!!! ???"]  # documents as they are; the two without words are dropped
     labelled = [{"text": " ".join(GOOD), "label": 1}, {"text": " ".join(BAD), "label": "0"},
                 {"text": "theorem lemma axiom", "label": "1"}, {"text": "cheap deal free", "label": 1}]
-    out = tmp_path / "model" / "q.npy"
-    result = train_quality_classifier(config(chunk_words=20, min_chunk_words=5, buckets=512), positives=positives,
-                                      negatives=negatives, out_path=out, labelled=labelled)
-    assert (result.positives, result.negatives, result.labelled) == (3, 7, 4)
-    assert result.label_balance == pytest.approx(3 / 4)
-    assert result.accuracy == pytest.approx(3 / 4)  # the last row is labelled 1 but is made of negative words
-    params = np.load(out)
-    assert params.dtype == np.float32 and params.shape == (512 + 1,)  # weights, then the bias
-    scorer = QualityScorer(str(out))
-    assert scorer.buckets == 512
-    assert scorer.score("proof of the lemma and its corollary") > 0.5 > scorer.score("buy now, free and cheap")
+    for model, ngrams in (("linear_words", 1), ("linear_bigrams", 2)):
+        out = tmp_path / "model" / f"{model}.npy"
+        result = train_quality_classifier(config(chunk_words=20, min_chunk_words=5, buckets=512, model=model),
+                                          positives=positives, negatives=negatives, out_path=out, labelled=labelled)
+        assert (result.model, result.positives, result.negatives, result.labelled) == (model, 3, 7, 4)
+        assert result.label_balance == pytest.approx(3 / 4)
+        assert result.accuracy == pytest.approx(3 / 4)  # the last row is labelled 1 but is made of negative words
+        saved = np.load(out)
+        assert saved.dtype.names == ("word_ngrams", "bias", "weights") and saved.shape == (1,)
+        assert saved["weights"].dtype == np.float32 and saved["weights"].shape == (1, 512)
+        assert saved["word_ngrams"][0] == ngrams
+        scorer = QualityScorer(str(out))
+        assert (scorer.buckets, scorer.word_ngrams) == (512, ngrams)
+        assert scorer.score("proof of the lemma and its corollary") > 0.5 > scorer.score("buy now, free and cheap")
+        assert scorer.score(labelled[2]["text"]) > scorer.score(labelled[3]["text"])
+        scores = [scorer.score(row["text"]) for row in labelled]
+        assert result.roc_auc == pytest.approx(pairwise_auc(scores, [int(row["label"]) for row in labelled]))
+    # The config's model unless the call names one.
+    default = train_quality_classifier(config(chunk_words=20, min_chunk_words=5, buckets=512), positives=positives,
+                                       negatives=negatives, out_path=tmp_path / "d.npy")
+    assert default.model == "linear_bigrams" and set(MODELS) == {"linear_words", "linear_bigrams"}
+    assert (tmp_path / "d.npy").read_bytes() == (tmp_path / "model" / "linear_bigrams.npy").read_bytes()
+    with pytest.raises(ValueError, match="quality model must be one of linear_words, linear_bigrams, got 'x'"):
+        train_quality_classifier(config(), positives=positives, negatives=negatives, out_path=tmp_path / "x.npy",
+                                 model="x")
 
 
 def test_without_labelled_files_there_is_no_accuracy(tmp_path):
     result = train_quality_classifier(config(chunk_words=12, min_chunk_words=12, buckets=64),
                                       positives=corpus(GOOD, 2), negatives=corpus(BAD, 2), out_path=tmp_path / "m.npy")
-    assert (result.accuracy, result.label_balance, result.labelled) == (None, None, 0)
+    assert (result.accuracy, result.roc_auc, result.label_balance, result.labelled) == (None, None, None, 0)
 
 
 def test_a_fit_without_examples_of_one_side_says_how_many_it_had(tmp_path):
@@ -131,17 +211,39 @@ def test_a_fit_without_examples_of_one_side_says_how_many_it_had(tmp_path):
 # --- the scorer -------------------------------------------------------------------------------------------------
 
 
+def save_model(path, weights, bias, word_ngrams=1):
+    """A model file as the docstring of QualityScorer describes it, written here by hand."""
+    record = np.zeros(1, dtype=[("word_ngrams", "<i4"), ("bias", "<f4"), ("weights", "<f4", (len(weights),))])
+    record["word_ngrams"], record["bias"], record["weights"] = word_ngrams, bias, weights
+    np.save(path, record)
+
+
 def test_a_text_without_words_scores_the_bias_alone(tmp_path):
-    np.save(tmp_path / "m.npy", np.array([5.0, -5.0, 7.0, math.log(3)], dtype=np.float32))
+    save_model(tmp_path / "m.npy", [5.0, -5.0, 7.0], math.log(3))
     scorer = QualityScorer(str(tmp_path / "m.npy"))
     assert scorer.buckets == 3
     assert scorer.score("") == pytest.approx(0.75, rel=1e-6)  # sigmoid(log 3) = 3 / 4
     assert scorer.score("--- !!!") == pytest.approx(0.75, rel=1e-6)
 
 
+def test_a_bigram_model_scores_a_pair_it_weighs(tmp_path):
+    buckets = 1 << 12
+    weights = np.zeros(buckets)
+    weights[zlib.crc32(b"buy now") % buckets] = -50.0  # the pair alone, neither word
+    save_model(tmp_path / "m.npy", weights, 0.0, word_ngrams=2)
+    scorer = QualityScorer(str(tmp_path / "m.npy"))
+    assert scorer.score("now buy") == 0.5 and scorer.score("buy now") < 1e-10
+
+
+def test_a_file_that_is_not_a_model_is_named(tmp_path):
+    np.save(tmp_path / "old.npy", np.array([5.0, -5.0, 7.0, 1.0], dtype=np.float32))  # the first model's layout
+    with pytest.raises(ValueError, match=r"old\.npy: not a quality model"):
+        QualityScorer(str(tmp_path / "old.npy"))
+
+
 def test_extreme_scores_saturate_without_overflow(tmp_path):
-    np.save(tmp_path / "up.npy", np.array([1e30, 1e30, 0.0], dtype=np.float32))
-    np.save(tmp_path / "down.npy", np.array([-1e30, -1e30, 0.0], dtype=np.float32))
+    save_model(tmp_path / "up.npy", [1e30, 1e30], 0.0)
+    save_model(tmp_path / "down.npy", [-1e30, -1e30], 0.0)
     assert QualityScorer(str(tmp_path / "up.npy")).score("any words at all") == 1.0
     low = QualityScorer(str(tmp_path / "down.npy")).score("any words at all")
     assert 0.0 <= low < 1e-200
@@ -194,3 +296,54 @@ def test_the_real_dclm_labelled_files_read_row_for_row(shared_data):
     assert rows[0] == json.loads(lines[0]) and rows[-1] == json.loads(lines[-1])
     labels = {int(r["label"]) for r in rows}
     assert labels == {0, 1}
+
+
+# --- on real data -----------------------------------------------------------------------------------------------
+
+
+def web_boilerplate(shared_data, pages: int) -> list[str]:
+    """The boilerplate of the first `pages` HTML pages of the web crawl: each page's main text extracted as ingest
+    does, then the lines of its visible text that the extraction dropped."""
+    from pipelines.ingest.extraction import decode_text, extract_main_text
+    from pipelines.ingest.readers import ReaderConfig, read_inputs
+
+    found = []
+    for record in read_inputs("web", [shared_data / "crawl" / "web-pages.warc.gz"], "warc", ReaderConfig(),
+                              count_bytes=lambda size: None):
+        if record.kind != "html":
+            continue
+        html, _ = decode_text(record.body, record.charset, html=True)
+        main = extract_main_text(html) if html else None
+        if main:
+            found.append(boilerplate(html, main))
+            if len(found) == pages:
+                return found
+    raise AssertionError(f"the web crawl has fewer than {pages} pages with main text")
+
+
+@pytest.mark.slow  # ~15 s on one core: 100 pages extracted by trafilatura, two fits on ~1,300 examples
+def test_the_new_model_ranks_the_human_labels_above_an_auc_of_080(shared_data, tmp_path):
+    """The demo's negatives, smaller: the low-quality file without cc's raw crawl, and the boilerplate of 100 web
+    pages rather than 1,166. linear_bigrams ranks the 780 human-labelled DCLM documents with a ROC AUC above the
+    first model's 0.80 (computed here from the scores, pair by pair) and beats the majority baseline."""
+    positives = [(shared_data / "quality" / "cs336_high_quality_wiki_reference.txt").read_text(),
+                 (shared_data / "wiki" / "wikitext-2-valid.txt").read_text()]
+    negatives = [(shared_data / "quality" / "cs336_low_quality_cc.txt").read_text(), *web_boilerplate(shared_data, 100)]
+    labelled = read_labelled(sorted((shared_data / "quality").glob("dclm_*_data.jsonl")))
+    labels = [int(row["label"]) for row in labelled]
+    assert len(labelled) == 780
+    majority = max(sum(labels), len(labels) - sum(labels)) / len(labels)
+    config = QualityClassifierConfig(positive_files=("-",), negative_files=("-",))
+    result = train_quality_classifier(config, positives=positives, negatives=negatives, out_path=tmp_path / "m.npy",
+                                      labelled=labelled)
+    scores = [QualityScorer(str(tmp_path / "m.npy")).score(row["text"]) for row in labelled]
+    auc = pairwise_auc(scores, labels)
+    assert auc > 0.80, auc
+    assert result.roc_auc == pytest.approx(auc)
+    assert result.accuracy > majority + 0.05, (result.accuracy, majority)
+    # Deterministic: the same inputs give the same model file.
+    train_quality_classifier(config, positives=positives, negatives=negatives, out_path=tmp_path / "again.npy")
+    assert (tmp_path / "m.npy").read_bytes() == (tmp_path / "again.npy").read_bytes()
+    wiki = positives[0][:3000]
+    scorer = QualityScorer(str(tmp_path / "m.npy"))
+    assert scorer.score(wiki) > scorer.score(negatives[0])

@@ -28,7 +28,6 @@ from pipelines.filters.steps import (
 from pipelines.ingest.step import ingest_source
 from pipelines.ingest.readers import ReaderConfig
 from pipelines.shards import iter_documents
-from pipelines.filters.quality import QualityClassifierConfig, QualityScorer, read_labelled, train_quality_classifier
 
 REPO = Path(__file__).resolve().parents[3]
 LISTS = REPO / "recipes"
@@ -148,33 +147,6 @@ def test_german_pages_survive_when_the_source_lists_german(shared_data, tmp_path
     kept_en, _, counts_en = run_filters(english_only, pages + german, tmp_path / "run-en")
     assert not {d["id"] for d in kept_en if d["metadata"]["language"] == "de"}
     assert counts_en["dropped"]["gopher_enough_stop_words"] == len(german_kept)
-
-
-def test_quality_classifier_beats_chance_on_the_labelled_documents(shared_data, tmp_path):
-    raw = tmp_path / "raw"
-    ingest_source(name="cc", inputs=[
-        shared_data / "crawl" / "resiliparse_CC-MAIN-2020-34_excerpt.warc.gz",
-        shared_data / "crawl" / "resiliparse_clueweb09-ja_excerpt.warc.gz",
-        shared_data / "crawl" / "dolma_sample-0000.warc.gz",
-        shared_data / "crawl" / "dolma_sample-0001.warc.gz",
-    ], format="warc", reader=ReaderConfig(), out_dir=raw)
-    negatives = [d["text"] for part in sorted(raw.glob("part-*.jsonl.gz")) for d in iter_documents(part)]
-    negatives.append((shared_data / "quality" / "cs336_low_quality_cc.txt").read_text())
-    positives = [(shared_data / "quality" / "cs336_high_quality_wiki_reference.txt").read_text(),
-                 (shared_data / "wiki" / "wikitext-2-valid.txt").read_text()]
-    labelled = read_labelled(sorted((shared_data / "quality").glob("dclm_*_data.jsonl")))
-    assert len(labelled) == 780
-    config = QualityClassifierConfig(positive_files=("-",), negative_files=("-",))
-    result = train_quality_classifier(config, positives=positives, negatives=negatives, out_path=tmp_path / "m.npy", labelled=labelled)
-    majority = max(result.label_balance, 1 - result.label_balance)
-    assert result.accuracy > majority + 0.05, (result.accuracy, majority)
-    # Deterministic: the same inputs give the same model file.
-    again = train_quality_classifier(config, positives=positives, negatives=negatives, out_path=tmp_path / "m2.npy")
-    assert (tmp_path / "m.npy").read_bytes() == (tmp_path / "m2.npy").read_bytes()
-    assert again.accuracy is None
-    scorer = QualityScorer(str(tmp_path / "m.npy"))
-    wiki = (shared_data / "quality" / "cs336_high_quality_wiki_reference.txt").read_text()[:3000]
-    assert scorer.score(wiki) > scorer.score((shared_data / "quality" / "cs336_low_quality_cc.txt").read_text())
 
 
 @pytest.mark.parametrize("bad, message", [
