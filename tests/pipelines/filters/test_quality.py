@@ -182,7 +182,7 @@ def test_a_separable_fit_scores_each_side_and_reports_accuracy(tmp_path):
         assert scorer.score(labelled[2]["text"]) > scorer.score(labelled[3]["text"])
         scores = [scorer.score(row["text"]) for row in labelled]
         assert result.roc_auc == pytest.approx(pairwise_auc(scores, [int(row["label"]) for row in labelled]))
-    # The config's model unless the call names one.
+    # The config's model unless the call names one; the same inputs give the same file, byte for byte.
     default = train_quality_classifier(config(chunk_words=20, min_chunk_words=5, buckets=512), positives=positives,
                                        negatives=negatives, out_path=tmp_path / "d.npy")
     assert default.model == "linear_bigrams" and set(MODELS) == {"linear_words", "linear_bigrams"}
@@ -321,14 +321,14 @@ def web_boilerplate(shared_data, pages: int) -> list[str]:
     raise AssertionError(f"the web crawl has fewer than {pages} pages with main text")
 
 
-@pytest.mark.slow  # ~15 s on one core: 100 pages extracted by trafilatura, two fits on ~1,300 examples
+@pytest.mark.slow  # ~7 s on one core: 50 pages extracted by trafilatura, a fit on ~1,200 examples
 def test_the_new_model_ranks_the_human_labels_above_an_auc_of_080(shared_data, tmp_path):
-    """The demo's negatives, smaller: the low-quality file without cc's raw crawl, and the boilerplate of 100 web
+    """The demo's negatives, smaller: the low-quality file without cc's raw crawl, and the boilerplate of 50 web
     pages rather than 1,166. linear_bigrams ranks the 780 human-labelled DCLM documents with a ROC AUC above the
     first model's 0.80 (computed here from the scores, pair by pair) and beats the majority baseline."""
     positives = [(shared_data / "quality" / "cs336_high_quality_wiki_reference.txt").read_text(),
                  (shared_data / "wiki" / "wikitext-2-valid.txt").read_text()]
-    negatives = [(shared_data / "quality" / "cs336_low_quality_cc.txt").read_text(), *web_boilerplate(shared_data, 100)]
+    negatives = [(shared_data / "quality" / "cs336_low_quality_cc.txt").read_text(), *web_boilerplate(shared_data, 50)]
     labelled = read_labelled(sorted((shared_data / "quality").glob("dclm_*_data.jsonl")))
     labels = [int(row["label"]) for row in labelled]
     assert len(labelled) == 780
@@ -341,9 +341,6 @@ def test_the_new_model_ranks_the_human_labels_above_an_auc_of_080(shared_data, t
     assert auc > 0.80, auc
     assert result.roc_auc == pytest.approx(auc)
     assert result.accuracy > majority + 0.05, (result.accuracy, majority)
-    # Deterministic: the same inputs give the same model file.
-    train_quality_classifier(config, positives=positives, negatives=negatives, out_path=tmp_path / "again.npy")
-    assert (tmp_path / "m.npy").read_bytes() == (tmp_path / "again.npy").read_bytes()
     wiki = positives[0][:3000]
     scorer = QualityScorer(str(tmp_path / "m.npy"))
     assert scorer.score(wiki) > scorer.score(negatives[0])
