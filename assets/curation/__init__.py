@@ -3,6 +3,7 @@
     curation/<source>/inputs          raw_crawl.py        the input files, observed (a source asset)
     curation/<source>/raw_crawl       raw_crawl.py        inputs normalized to documents
     curation/quality_classifier       quality_classifier.py  (when the recipe has one)
+    curation/reference_lm             reference_lm.py     the perplexity filter's model (the `reference` section)
     curation/<source>/filtered        filtered.py         the source's filter steps
     curation/deduplicated             deduplicated.py     across all sources
     curation/<source>/decontaminated  decontaminated.py   benchmark n-grams removed
@@ -14,15 +15,18 @@ from assets.curation.deduplicated import deduplicated_asset
 from assets.curation.filtered import filtered_asset, filtered_key
 from assets.curation.quality_classifier import quality_classifier_asset
 from assets.curation.raw_crawl import raw_crawl_asset, source_inputs_asset
+from assets.curation.reference_lm import reference_lm_asset
 from assets.recipe import Recipe
 
 
 def curation_assets(recipe: Recipe) -> list:
-    """raw_crawl -> filtered (with the quality classifier) -> deduplicated (across sources) -> decontaminated."""
+    """raw_crawl -> filtered (with the quality classifier, the reference LM) -> deduplicated -> decontaminated."""
     assets = [source_inputs_asset(recipe, source) for source in recipe.sources]
     assets += [raw_crawl_asset(recipe, source) for source in recipe.sources]
     if recipe.quality_classifier:
         assets.append(quality_classifier_asset(recipe, recipe.quality_classifier))
+    if recipe.reference:
+        assets.append(reference_lm_asset(recipe, recipe.reference))
     assets += [filtered_asset(recipe, source) for source in recipe.sources]
     assets.append(deduplicated_asset(recipe, upstream_key=filtered_key))
     assets += [decontaminated_asset(recipe, source) for source in recipe.sources]

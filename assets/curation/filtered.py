@@ -4,12 +4,14 @@
 Kept documents are written under the name of the raw part they came from (part-*.jsonl.gz), PII replaced by
 typed placeholders; every dropped document goes to rejected-<step>-<part name> with metadata.filter_reason, and
 the manifest's counts say how many went for each reason. A source whose filter has `quality_model` also reads
-curation/quality_classifier.
+curation/quality_classifier; one whose filter has `perplexity` reads curation/reference_lm, and its metadata shows
+the documents' perplexities as CCNet's head/middle/tail buckets and a histogram.
 """
 
 import dataclasses
 import gzip
 import hashlib
+import math
 import time
 from pathlib import Path
 
@@ -20,9 +22,11 @@ from assets.core.upstream import Output
 from assets.curation.checks import documents_check, documents_check_spec, language_counts
 from assets.curation.quality_classifier import CLASSIFIER_KEY, MODEL_FILE
 from assets.curation.raw_crawl import raw_crawl_key
+from assets.curation.reference_lm import REFERENCE_KEY
 from assets.plots import bar_chart, count_table
 from assets.recipe import DEMO_RECIPE, Recipe, SourceConfig
 from pipelines.filters.steps import PIPELINE_CODE, STEP_CODE, FilterConfig, filter_counts, filter_pipeline
+from pipelines.shards import iter_documents
 
 
 
@@ -77,7 +81,9 @@ def filtered_asset(recipe: Recipe, source: SourceConfig):
     if uses_model and recipe.quality_classifier is None:
         raise ValueError(f"sources[{source.name}].filter.quality_model needs the recipe's quality_classifier section")
     resolved, lists = resolved_filter(recipe, source)
-    reads = {"documents": raw_crawl_key(source.name), **({"model": CLASSIFIER_KEY} if uses_model else {})}
+    uses_reference = source.filter.perplexity is not None
+    reads = {"documents": raw_crawl_key(source.name), **({"model": CLASSIFIER_KEY} if uses_model else {}),
+             **({"reference": REFERENCE_KEY} if uses_reference else {})}
 
     def build(inputs: Inputs, out_dir: Path) -> dict:
         work = inputs.work
@@ -86,8 +92,13 @@ def filtered_asset(recipe: Recipe, source: SourceConfig):
         model_path = None
         if uses_model:
             model_path = inputs.outputs["model"].download(inputs.store, work / "model", pattern_prefix=MODEL_FILE)[0]
+        reference_dir = None
+        if uses_reference:
+            reference_dir = work / "reference"
+            inputs.outputs["reference"].download(inputs.store, reference_dir, pattern_prefix="")
         steps = filter_pipeline(resolved, input_dir=inputs.store.uri(raw.prefix), output_dir=out_dir,
-                                lists_root=Path("/"), model_path=model_path)  # list paths are absolute
+                                lists_root=Path("/"), model_path=model_path,  # list paths are absolute
+                                reference_dir=reference_dir)
         started = time.perf_counter()
         executor = inputs.resources.executor
         # One task per input part by default; every part's output is named after it, so the count is free.
@@ -97,7 +108,9 @@ def filtered_asset(recipe: Recipe, source: SourceConfig):
         written = [{"path": p.name, "records": _count_lines(p)} for p in sorted(out_dir.glob("*.jsonl.gz"))]
         kept = sum(f["records"] for f in written if f["path"].startswith("part-"))
         assert kept == counts["kept"], f"{kept} documents written but the writer counted {counts['kept']}"
-        return {"files": written, "counts": counts, "seconds": round(seconds, 3)}
+        scores = _perplexity_summary(out_dir) if uses_reference else None
+        return {"files": written, "counts": counts, "seconds": round(seconds, 3),
+                **({"perplexity": scores} if scores else {})}
 
     def checks(inputs: Inputs, output: Output) -> list:
         return [documents_check(inputs.store, {source.name: output.files()}, {source.name: source.filter},
@@ -116,6 +129,7 @@ def filtered_asset(recipe: Recipe, source: SourceConfig):
                                     title=f"{source.name}: kept and dropped by reason", ylabel="documents"),
             **_language_metadata(inputs.store, output.files(), source),
             "pii_replaced": MetadataValue.json(counts["pii"]),
+            **_perplexity_metadata(manifest.get("perplexity"), source.name),
             "rejected_files": MetadataValue.json([f["path"] for f in manifest["files"] if f["path"].startswith("rejected-")]),
             # Of the run that computed this output (a reused output keeps its original figure).
             "docs_per_second": round(counts["in"] / manifest["seconds"], 1) if manifest.get("seconds") else 0.0,
@@ -157,3 +171,52 @@ def _drop_table(counts: dict) -> str:
     lines = ["| reason | documents |", "|---|---|", *[f"| {reason} | {n} |" for reason, n in rows]]
     lines.append(f"| **kept** | {counts['kept']} of {counts['in']} |")
     return "\n".join(lines)
+
+
+# CCNet's buckets (Wenzek et al. 2020): the 30th and 60th percentiles of the perplexities split documents into head,
+# middle and tail. CCNet cuts per language over a whole snapshot; here over every document the source's perplexity
+# step scored (kept or dropped by it), the one population a source's filtering sees whole.
+_BUCKET_CUTS = (30, 60)
+
+
+def _perplexity_summary(out_dir: Path) -> dict | None:
+    """The perplexities of every document the perplexity step scored (the kept parts and its rejected files):
+    count, CCNet cut-offs, bucket sizes, percentiles and a histogram with power-of-two bin edges."""
+    import numpy as np
+
+    scores = [doc["metadata"]["perplexity"]
+              for path in sorted(out_dir.glob("*.jsonl.gz")) if path.name.startswith(("part-", "rejected-perplexity-"))
+              for doc in iter_documents(path) if "perplexity" in doc.get("metadata", {})]
+    if not scores:
+        return None
+    values = np.asarray(scores)
+    head, middle = (float(np.percentile(values, p)) for p in _BUCKET_CUTS)
+    bins: dict[int, int] = {}
+    for value in values:
+        low = 2 ** math.floor(math.log2(max(value, 1.0)))
+        bins[low] = bins.get(low, 0) + 1
+    return {
+        "scored": len(scores),
+        "cuts": {"head_max": round(head, 2), "middle_max": round(middle, 2)},
+        "buckets": {"head": int((values <= head).sum()), "middle": int(((values > head) & (values <= middle)).sum()),
+                    "tail": int((values > middle).sum())},
+        "percentiles": {str(p): round(float(np.percentile(values, p)), 2) for p in (5, 25, 50, 75, 95)},
+        "histogram": {f"{low}-{2 * low}": bins[low] for low in sorted(bins)},
+    }
+
+
+def _perplexity_metadata(summary: dict | None, name: str) -> dict:
+    if not summary:
+        return {}
+    cuts, buckets = summary["cuts"], summary["buckets"]
+    table = ["| bucket | perplexity | documents |", "|---|---|---|",
+             f"| head | <= {cuts['head_max']} | {buckets['head']} |",
+             f"| middle | <= {cuts['middle_max']} | {buckets['middle']} |",
+             f"| tail | > {cuts['middle_max']} | {buckets['tail']} |"]
+    return {
+        "perplexity_scored": summary["scored"],
+        "perplexity_buckets": MetadataValue.md("\n".join(table)),
+        "perplexity_percentiles": MetadataValue.json(summary["percentiles"]),
+        "perplexity_plot": bar_chart(summary["histogram"], title=f"{name}: documents by reference-model perplexity",
+                                     ylabel="documents"),
+    }
