@@ -48,7 +48,7 @@ def reference_dir(tmp_path_factory) -> Path:
            "optim": {"lr": 3e-3}, "schedule": {"kind": "cosine", "warmup_tokens": 8192},
            "batch": {"global_batch": 16, "micro_batch": 16, "seq_len": 64},
            "metrics": {"log_interval": 32, "eval_batches": 1, "tensorboard": False},
-           "checkpoint": {"interval_steps": 0, "keep_last": 1}}
+           "checkpoint": {"interval_steps": 0, "keep_last": 1}, "guard": {"enabled": False}}
     (work / "run.json").write_text(json.dumps(run))
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": str(REPO / ".venv" / "torch_extensions")}
     subprocess.run([sys.executable, "-m", "trainer", "--config", str(work / "run.json")], check=True, env=env,
