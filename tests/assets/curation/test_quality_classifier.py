@@ -116,6 +116,10 @@ def test_the_build_scores_both_models_and_outputs_the_recipes(monkeypatch, tmp_p
     assert manifest["counts"] == {"positives": 3, "negatives": 1, "boilerplate_pages": 0, "labelled": 3}
     assert [p.name for p in out.iterdir()] == [qc.MODEL_FILE]  # the chosen model alone is the output
     assert QualityScorer(str(out / qc.MODEL_FILE)).word_ngrams == word_ngrams
+    meta = spec.metadata(None, Output(spec.key, "p", manifest))  # what the UI shows of this build
+    assert meta["model"] == model and meta["majority_baseline"] == pytest.approx(0.6667)
+    figures = ("accuracy_linear_words", "roc_auc_linear_words", "accuracy_linear_bigrams", "roc_auc_linear_bigrams")
+    assert [meta[k] for k in figures] == [1.0] * 4
 
 
 def test_a_model_the_recipe_does_not_know_is_an_error_naming_the_field(tmp_path):
