@@ -21,7 +21,7 @@ to those of the first:
     negatives                                           linear_words    linear_bigrams
     cc raw crawl (83) + cs336_low_quality_cc             0.687 / 0.804   0.710 / 0.820
     + webtext (nltk: forums, chat, ads, reviews; 1,439)  0.560 / 0.573   0.577 / 0.586
-    + the web pages' boilerplate (1,166 pages)           0.745 / 0.854   0.762 / 0.864
+    + the web pages' boilerplate (1,168 pages)           0.745 / 0.854   0.762 / 0.864
 
 So the negatives are the cc crawl, the low-quality file and `boilerplate_sources`: for each page of those sources,
 the lines of its visible text that the extractor dropped (menus, teasers, cookie and newsletter boxes, footers;
@@ -41,11 +41,12 @@ import json
 import math
 import re
 import zlib
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 _TOKEN = re.compile(r"\w+")
-_SPACE = re.compile(r"\s+")
+_XML_DECLARATION = re.compile(r"^\s*<\?xml[^>]*>")
 
 # The models a recipe may choose: name -> the longest word n-gram hashed (1: words, 2: words and bigrams).
 MODELS = {"linear_words": 1, "linear_bigrams": 2}
@@ -94,25 +95,31 @@ class TrainResult:
 
 def features(texts: list[str], buckets: int, word_ngrams: int = 1):
     """(N, buckets) sparse rows: log(1 + count) of each hashed lower-case word n-gram (n <= word_ngrams; an
-    n-gram is its words joined by single spaces), L2-normalized."""
+    n-gram is its words joined by single spaces, hashed by CRC32), L2-normalized."""
     import numpy as np
     import scipy.sparse as sp
 
     rows, cols, vals = [], [], []
     for i, text in enumerate(texts):
-        words = _TOKEN.findall(text.lower())
-        counts: dict[int, int] = {}
-        for n in range(1, word_ngrams + 1):
-            for j in range(len(words) - n + 1):
-                h = zlib.crc32(" ".join(words[j:j + n]).encode()) % buckets
-                counts[h] = counts.get(h, 0) + 1
-        if not counts:
+        words = [word.encode() for word in _TOKEN.findall(text.lower())]
+        grams = [zlib.crc32(word) for word in words]
+        hashes = list(grams)
+        for n in range(1, word_ngrams):
+            # CRC32 continues over appended bytes: crc32(b" " + next, crc32(a)) == crc32(a + b" " + next), so each
+            # longer n-gram's hash costs one short call, not a join and a hash of the whole n-gram.
+            grams = [zlib.crc32(b" " + word, h) for h, word in zip(grams, words[n:])]
+            hashes += grams
+        if not hashes:
             continue
+        counts = Counter(h % buckets for h in hashes)
         v = np.log1p(np.fromiter(counts.values(), dtype=np.float64, count=len(counts)))
-        rows += [i] * len(counts)
-        cols += list(counts)
-        vals += list(v / np.linalg.norm(v))
-    return sp.csr_matrix((vals, (rows, cols)), shape=(len(texts), buckets))
+        rows.append(np.full(len(counts), i))
+        cols.append(np.fromiter(counts.keys(), dtype=np.int64, count=len(counts)))
+        vals.append(v / np.linalg.norm(v))
+    if not rows:
+        return sp.csr_matrix((len(texts), buckets))
+    return sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                         shape=(len(texts), buckets))
 
 
 def chunks(text: str, size: int, minimum: int) -> list[str]:
@@ -122,22 +129,24 @@ def chunks(text: str, size: int, minimum: int) -> list[str]:
 
 
 def boilerplate(html: str, main_text: str) -> str:
-    """The lines of a page's visible text (scripts and styles aside) that its extracted main text does not hold,
-    whitespace-normalized, one per line: what the extractor dropped. "" when the HTML does not parse."""
-    import lxml.html
-    from lxml.etree import ParserError
+    """The lines of a page's visible text (scripts, styles and comments aside) that its extracted main text does
+    not hold, whitespace-normalized, one per line: what the extractor dropped. "" when the HTML does not parse."""
+    from lxml import etree
 
     try:
-        # lxml refuses a str that declares its encoding; the text is decoded already.
-        root = lxml.html.document_fromstring(re.sub(r"^\s*<\?xml[^>]*>", "", html))
-    except (ParserError, ValueError):
+        # lxml refuses a str that declares its encoding; the text is decoded already. Plain etree elements, not
+        # lxml.html's: the same tree, without a Python class looked up for every node (a third faster here).
+        root = etree.fromstring(_XML_DECLARATION.sub("", html), etree.HTMLParser())
+    except (etree.ParserError, ValueError):
         return ""
-    for hidden in root.xpath("//script|//style|//noscript|//template|//svg"):
-        hidden.drop_tree()
-    main = _SPACE.sub(" ", main_text)
-    lines = (_SPACE.sub(" ", line).strip() for line in "\n".join(root.itertext()).split("\n"))
+    if root is None:  # nothing but blank space or a comment
+        return ""
+    etree.strip_elements(root, "script", "style", "noscript", "template", "svg", etree.Comment,
+                         etree.ProcessingInstruction, with_tail=False)  # the text after each stays
+    main = " ".join(main_text.split())
+    lines = (" ".join(line.split()) for line in "\n".join(root.itertext()).split("\n") if line and not line.isspace())
     # Inline markup splits a kept paragraph into several pieces: a piece found in the main text was kept.
-    return "\n".join(line for line in lines if line and line not in main)
+    return "\n".join(line for line in lines if line not in main)
 
 
 def roc_auc(scores: list[float], labels: list[int]) -> float:
@@ -192,7 +201,7 @@ def train_quality_classifier(config: QualityClassifierConfig, *, positives: list
     accuracy = auc = balance = None
     if labelled:
         scorer = QualityScorer(str(out_path))
-        scores = [scorer.score(row["text"]) for row in labelled]
+        scores = scorer.scores([row["text"] for row in labelled])
         labels = [int(row["label"]) for row in labelled]
         accuracy = sum((s >= 0.5) == bool(label) for s, label in zip(scores, labels)) / len(labelled)
         auc = roc_auc(scores, labels) if 0 < sum(labels) < len(labels) else None
@@ -239,6 +248,9 @@ class QualityScorer:
         self.buckets = len(self.weights)
 
     def score(self, text: str) -> float:
-        x = features([text], self.buckets, self.word_ngrams)
-        z = float((x @ self.weights)[0]) + self.bias
-        return 1.0 / (1.0 + math.exp(-max(-500.0, min(500.0, z))))
+        return self.scores([text])[0]
+
+    def scores(self, texts: list[str]) -> list[float]:
+        """Each text's P(high quality), the texts' features built as one matrix."""
+        z = features(texts, self.buckets, self.word_ngrams) @ self.weights + self.bias
+        return [1.0 / (1.0 + math.exp(-max(-500.0, min(500.0, float(x))))) for x in z]
