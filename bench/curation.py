@@ -13,6 +13,12 @@ with one worker, so both sides run entirely in this process and their CPU time i
 shared machine where wall time swings (measured: the same bare run took 23 to 45 s as other jobs came and
 went). Prints wall and CPU documents/s of each, then `ratio: X.XX` = asset / bare documents per CPU second
 (target >= 0.9: the Dagster layer adds almost nothing).
+
+The demo's web rules include the perplexity step (curation/reference_lm is trained first, ~20 s), so both sides
+run the whole filter stack. Before the ratio it prints perplexity scoring in tokens/s per core (the filter's
+ReferenceModel.perplexities on the source's documents, tokenization included, one thread) beside the trainer's
+evaluation forward pass at the same model size (CausalLM's forward and loss under no_grad on full windows of the
+same token count, one thread), with their quotient (target >= 0.8).
 """
 
 import argparse
@@ -100,12 +106,13 @@ def run(recipe_path: Path, name: str, home: Path, rounds: int) -> None:
     from assets.core.upstream import latest_output
     from assets.curation.filtered import filtered_key, resolved_filter
     from assets.curation.quality_classifier import CLASSIFIER_KEY, MODEL_FILE
+    from assets.curation.reference_lm import REFERENCE_KEY
     from pipelines.filters.steps import filter_counts, filter_pipeline
 
     factory = Factory(str(recipe_path))
     source = factory.recipe.source(name)
     config, _ = resolved_filter(factory.recipe, source)  # exactly the settings the asset runs
-    upstream = [k for k in factory.keys if k.path[-1] in ("raw_crawl", "quality_classifier")]
+    upstream = [k for k in factory.keys if k.path[-1] in ("raw_crawl", "quality_classifier", "reference_lm")]
     assert factory.materialize(upstream), "materializing the inputs failed"
     store = factory.defs.resources["store"].open()
 
@@ -116,10 +123,14 @@ def run(recipe_path: Path, name: str, home: Path, rounds: int) -> None:
     model = None
     if source.filter.quality_model:
         model = latest_output(factory.instance, store, CLASSIFIER_KEY).download(store, data / "model", pattern_prefix=MODEL_FILE)[0]
+    reference = None
+    if source.filter.perplexity:
+        reference = data / "reference"
+        latest_output(factory.instance, store, REFERENCE_KEY).download(store, reference, pattern_prefix="")
 
     def bare(tag: str, limit: int = -1) -> tuple[int, float, float]:
         steps = filter_pipeline(config, input_dir=data / "input", output_dir=data / f"out-{tag}",
-                                lists_root=Path("/"), model_path=model)
+                                lists_root=Path("/"), model_path=model, reference_dir=reference)
         steps[0].limit = limit
         wall, cpu = time.perf_counter(), time.process_time()
         LocalPipelineExecutor(steps, tasks=1, workers=1, logging_dir=str(data / f"logs-{tag}"), skip_completed=False).run()
@@ -150,7 +161,41 @@ def run(recipe_path: Path, name: str, home: Path, rounds: int) -> None:
         cpu_rates[side] = docs / cpu
         print(f"{side:>5}: {docs} documents of {name}, best of {len(runs)}: wall {wall:.2f} s = {docs / wall:.1f} "
               f"documents/s; CPU {cpu:.2f} s = {cpu_rates[side]:.1f} documents per CPU second")
+    if reference is not None:
+        perplexity_throughput(reference, data / "input", source.filter.perplexity.max_tokens)
     print(f"ratio: {cpu_rates['asset'] / cpu_rates['bare']:.2f}")
+
+
+def perplexity_throughput(reference: Path, parts: Path, max_tokens: int) -> None:
+    """Tokens/s per core of perplexity scoring and of the trainer's evaluation forward pass, same model, one thread."""
+    import torch
+
+    from pipelines.filters.perplexity import ReferenceModel
+    from pipelines.shards import iter_documents
+    from trainer.model.transformer import CausalLM
+
+    torch.set_num_threads(1)
+    model = ReferenceModel(reference, device="cpu")
+    texts = [doc["text"] for part in sorted(parts.glob("part-*.jsonl.gz")) for doc in iter_documents(part)]
+    tokens = sum(min(len(e.ids), max_tokens) for e in model.tokenizer.encode_batch_fast(texts))
+    model.perplexities(texts[:20], max_tokens)  # warm-up
+    started = time.perf_counter()
+    model.perplexities(texts, max_tokens)
+    scoring = tokens / (time.perf_counter() - started)
+    # The trainer's evaluation step: CausalLM (model and loss) on (batch, seq_len) windows, gradients off.
+    lm = CausalLM(model.model.cfg).eval()
+    T, batch = model.seq_len, 64
+    ids = torch.randint(0, model.model.cfg.vocab_size, (batch, T + 1))
+    steps = max(1, tokens // (batch * T))
+    with torch.no_grad():
+        lm(ids[:, :-1], ids[:, 1:])  # warm-up
+        started = time.perf_counter()
+        for _ in range(steps):
+            lm(ids[:, :-1], ids[:, 1:])
+    forward = steps * batch * T / (time.perf_counter() - started)
+    print(f"perplexity scoring: {scoring:,.0f} tokens/s per core ({len(texts)} documents, {tokens:,} tokens); "
+          f"the trainer's evaluation forward pass at the same size: {forward:,.0f} tokens/s per core; "
+          f"scoring / forward: {scoring / forward:.2f} (target >= 0.8)")
 
 
 if __name__ == "__main__":  # LocalPipelineExecutor's forkserver workers re-import this module

@@ -250,7 +250,7 @@ STEP_CODE: dict[str, tuple[str, ...]] = {
     "perplexity": tuple(f"filters.perplexity:{name}" for name in (
         "PerplexityFilter", "ReferenceModel", "load_reference", "_LOADED", "read_reference_text",
         "reference_paragraphs", "export", "main", "MODEL_FILE", "REFERENCE_FILE", "TOKENIZER_FILE", "EOS",
-        "_BATCH_DOCUMENTS", "_BATCH_WINDOWS")),
+        "_BATCH_DOCUMENTS", "_BATCH_WINDOWS", "_CHARS_PER_TOKEN")),
     "pii": tuple(f"filters.pii:{name}" for name in (
         "PiiScrubber", "scrub_pii", "_scan", "_Rule", "_RULES", "_OCTET", "_luhn", "_card", "_iban", "_b64_json",
         "_jwt", "_ssn", "_VERSION_BEFORE", "_ipv4", "_ipv6", "_phone")),
