@@ -125,7 +125,12 @@ def reference_lm_asset(recipe: Recipe, config: ReferenceConfig):
 
     return output_asset(OutputSpec(
         key=REFERENCE_KEY, group="curation", stage="reference_lm",
-        code=("trainer", "pipelines.filters.perplexity"), section=section,
+        # The code is this module's closure: pipelines/filters/perplexity.py and the trainer modules it runs (the
+        # model, its config, the checkpoint reader), so a changed architecture retrains the model. Not the whole
+        # trainer package, though `python -m trainer` trains it: an edit of the training loop would retrain it and
+        # make stale every filtered output behind it and all of curation after them, for a reference model that
+        # is only a yardstick. A changed `reference` section (another seed, for one) retrains it.
+        code=(), section=section,
         description=(
             "A small causal LM of the recipe's reference text (our trainer, a tokenizer of its own): the perplexity "
             "filter's model; loss and perplexity on the val files in the metadata. Driven by the recipe's "
