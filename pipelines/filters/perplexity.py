@@ -19,8 +19,8 @@ predicted from EOS (the trainer puts EOS between documents), cut into windows of
 scored without context from the window before (the trainer's own evaluation does the same). Scores are rounded
 to 2 places: on 192 of the demo's pages they came out the same scored alone, 7 at a time or all together, on 1 and
 2 threads (measured), so which documents a task batches together, and so the task count, changes no output byte.
-Windows of many documents are scored together, under torch.inference_mode, on CUDA when there is one, else the CPU; the model is
-loaded once per process, on the first batch, and never pickled across to the executor's tasks.
+Windows of many documents are scored together, under torch.inference_mode, on CUDA when there is one, else the
+CPU; the model is loaded once per process, on the first batch, and never pickled across to the executor's tasks.
 
 torch is imported inside functions only: the asset layer imports this module (the filter steps, the reference
 text's reader) and never loads torch itself (docs/architecture.md).
