@@ -37,7 +37,8 @@ def run_config(config: ReferenceConfig, *, text: Path, tokenizer: Path, output_d
     """The trainer's run config for the reference model: the text source (trainer/data/text_source.py), a few
     hundred steps of a tiny model, no checkpoint but the final one."""
     return {
-        "stage": "reference_lm", "seed": config.seed, "train_tokens": config.train_tokens, "output_dir": str(output_dir),
+        "stage": "reference_lm", "seed": config.seed, "train_tokens": config.train_tokens,
+        "output_dir": str(output_dir),
         # The trainer's own held-out share of the text; the reported figures are the val files'.
         "data": {"text": str(text), "tokenizer": str(tokenizer), "val_fraction": 0.01},
         "model": {"vocab_size": config.vocab_size, "d_model": config.d_model, "n_layers": config.n_layers,

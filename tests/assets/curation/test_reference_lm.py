@@ -70,7 +70,8 @@ def home(tmp_path_factory):
     wiki = reference_paragraphs(read_reference_text(SHARED_DATA / "wiki" / "wikitext-2-valid.txt"), 40)[:40]
     rng = random.Random(0)
     mixed = [" ".join(rng.sample(p.split(), len(p.split()))) for p in wiki]
-    docs = [{"id": f"w{i}", "text": t} for i, t in enumerate(wiki)] + [{"id": f"s{i}", "text": t} for i, t in enumerate(mixed)]
+    docs = ([{"id": f"w{i}", "text": t} for i, t in enumerate(wiki)]
+            + [{"id": f"s{i}", "text": t} for i, t in enumerate(mixed)])
     (data / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     recipe = {"name": "ref", "base_dir": str(data),
               "sources": [{"name": "prose", "format": "jsonl", "inputs": ["docs.jsonl"],
