@@ -1,4 +1,5 @@
-"""Filter settings: one kw-only dataclass per step of pipelines/filters/steps.py, composed into FilterConfig.
+"""Filter settings: one kw-only dataclass per step of pipelines/filters/steps.py, composed into FilterConfig, and
+the recipe's `reference` section (ReferenceConfig: the text of the model the perplexity step scores with).
 
 Kept apart from the steps so that reading a recipe (assets/recipe.py) does not import datatrove: every
 `pretrain` command validates the recipe first, and datatrove's import costs over a second.
