@@ -7,14 +7,15 @@ max_train_bytes) -> a byte-level BPE of its own (pipelines/tokenization/tokenize
 after curation, so it cannot be this model's) -> `python -m trainer` through the launcher resource, one process
 (a model this size trains on the machine the asset runs on) -> `python -m pipelines.filters.perplexity` exports the
 final checkpoint with the loss and perplexity of the val files, scored as the filter scores documents. Committed:
-model.pt, reference.json, tokenizer.json (the filter's folder) and the run's metrics.jsonl.
+model.pt, reference.json, tokenizer.json (the filter's folder). Not the run's metrics.jsonl: its timings differ from
+one run to the next, so the same model would get a new data version each time it is trained, and every filtered
+output behind it would turn stale (its final train loss goes into the manifest instead).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 import pydantic
@@ -98,19 +99,19 @@ def reference_lm_asset(recipe: Recipe, config: ReferenceConfig):
             "-m", "pipelines.filters.perplexity", "--checkpoints", str(work / "run" / "checkpoints"),
             "--tokenizer", str(tokenizer), "--val", str(val_text), "--seq-len", str(config.seq_len),
             "--out", str(out_dir)], work)
-        shutil.copyfile(work / "run" / METRICS_FILE, out_dir / METRICS_FILE)
+        logged = [json.loads(line) for line in (work / "run" / METRICS_FILE).read_text().splitlines()]
+        train_logs = [r for r in logged if r.get("event") == "train"]
         info = json.loads((out_dir / REFERENCE_FILE).read_text())
         inputs.log.info(f"reference model: val loss {info['val_loss']} (perplexity {info['val_perplexity']}) on "
                         f"{info['val_paragraphs']} paragraphs")
         return {"counts": {"train_paragraphs": len(train), "val_paragraphs": info["val_paragraphs"],
                            "val_tokens": info["val_tokens"]},
-                "val_loss": info["val_loss"], "val_perplexity": info["val_perplexity"]}
+                "val_loss": info["val_loss"], "val_perplexity": info["val_perplexity"],
+                "final_train_loss": train_logs[-1]["loss"] if train_logs else None}
 
     def metadata(inputs: Inputs, output: Output) -> dict:
         manifest = output.manifest
         info = json.loads(inputs.store.get_bytes(f"{output.prefix}/{REFERENCE_FILE}"))
-        records = [json.loads(line) for line in inputs.store.get_bytes(f"{output.prefix}/{METRICS_FILE}").splitlines()]
-        train = [r for r in records if r.get("event") == "train"]
         pct = info["val_percentiles"]
         return {
             "val_loss": manifest["val_loss"],
@@ -118,7 +119,7 @@ def reference_lm_asset(recipe: Recipe, config: ReferenceConfig):
             "val_paragraphs": manifest["counts"]["val_paragraphs"],
             "val_tokens": manifest["counts"]["val_tokens"],
             "train_paragraphs": manifest["counts"]["train_paragraphs"],
-            "final_train_loss": train[-1]["loss"] if train else float("nan"),
+            "final_train_loss": float("nan") if manifest["final_train_loss"] is None else manifest["final_train_loss"],
             "steps": info["step"],
             # The band keep_percentiles picks from: the val paragraphs' perplexities.
             "val_perplexity_percentiles": MetadataValue.json({str(p): pct[p] for p in (5, 30, 50, 60, 95, 99)}),
