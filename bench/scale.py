@@ -17,9 +17,10 @@ the same in every copy: dedup removes those, as it would in a real crawl.
 
 Per configuration (scale x workers) a fresh PRETRAIN_HOME, the local executor with PRETRAIN_EXECUTOR_WORKERS = 1 or
 2 and PRETRAIN_EXECUTOR_TASKS = --tasks on both sides (the same tasks; only how many run at once differs), and a
-recipe with the one `web` source (the demo's web filter without the quality model, which would train a
-classifier on other sources), the demo's dedup and decontamination, a trained tokenizer and packing. Each stage is
-its own `pretrain materialize --select KEY --jobs 1` call, the 1- and 2-worker runs of a stage back to back (a
+recipe with the one `web` source (the demo's web filter without the quality model and the perplexity filter, which
+would train a classifier on other sources and a reference model first; bench/curation.py times both steps), the
+demo's dedup and decontamination, a trained tokenizer and packing. Each stage is its own `pretrain materialize
+--select KEY --jobs 1` call, the 1- and 2-worker runs of a stage back to back (a
 shared machine's load drifts less between them). Stage seconds: the manifest's "seconds" where the stage records
 it (the executor's work only), else the Dagster run's duration (build, commit and the asset checks). Peak RSS:
 the process tree polled every POLL_S with psutil, and the largest RUSAGE_CHILDREN ru_maxrss of a wrapper process,
@@ -180,7 +181,7 @@ def write_recipe(path: Path, corpus: Path, quick: bool) -> None:
 
     demo = yaml.safe_load(DEMO_RECIPE.read_text())
     web = next(s for s in demo["sources"] if s["name"] == "web")
-    web_filter = {k: v for k, v in web["filter"].items() if k != "quality_model"}
+    web_filter = {k: v for k, v in web["filter"].items() if k not in ("quality_model", "perplexity")}
     raw = {
         "name": f"scale-{corpus.name}",
         "base_dir": str((DEMO_RECIPE.parent / demo["base_dir"]).resolve()),
