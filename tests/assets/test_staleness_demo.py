@@ -7,7 +7,7 @@ what was made.
 One long test on purpose: materializing the demo takes the time (minutes), the checks after it are cheap. It took in
 what two smaller tests checked on two sources (the tokenizer kept until --refresh, test_staleness_tokenizer; a
 changed filter threshold through training, test_training): the same paths, run once, on every source of the demo.
-Two of them read less than the demo does (`smaller_corpus`): what reruns does not depend on how much they hold."""
+Three of them read less than the demo does (`smaller_corpus`): what reruns does not depend on how much they hold."""
 
 import copy
 import json
@@ -24,27 +24,31 @@ from tests.pipelines.ingest.test_step import gzip_members
 
 DATA_VERSION_TAG = "dagster/data_version"
 WEB_PAGES = 250  # of the crawl's 1,171: its filters' drops, kept pages and near-duplicates all still occur
+MATH_PROBLEMS = 1500  # of GSM8K's 7,473: all of them took 40 s to filter, the longest data step after the crawl's
 
 
-def smaller_corpus(raw, web_warc: Path):
+def smaller_corpus(raw, web_warc: Path, math_jsonl: Path):
     """`web` reads the first WEB_PAGES pages of its crawl (all of it took 53 s to extract and 64 s to filter, on the
-    critical path twice), `books` tinyshakespeare alone (the 95 plays of the archive took 48 s to filter)."""
+    critical path twice), `books` tinyshakespeare alone (the 95 plays of the archive took 48 s to filter), `math` the
+    first MATH_PROBLEMS problems."""
     sources = {source["name"]: source for source in raw["sources"]}
     sources["web"]["inputs"] = [str(web_warc)]
     sources["books"]["inputs"] = ["books/tinyshakespeare.txt"]
+    sources["math"]["inputs"] = [str(math_jsonl)]
 
 
-def cheaper(raw, web_warc: Path):
-    """smaller_corpus, shorter_training, no zero-shot evaluation during training, one small evaluation task, and
-    main -> anneal without the long-context stage (a third training and evaluation, run twice, that reruns as the
-    anneal does; the long-context stage's own path is tests/assets/training/test_training.py's): what reruns is the
-    question here, not how well the models learn."""
-    smaller_corpus(raw, web_warc)
+def cheaper(raw, web_warc: Path, math_jsonl: Path):
+    """smaller_corpus, shorter_training, no zero-shot evaluation during training, one small evaluation task, a
+    reference model of a quarter of the steps, and main -> anneal without the long-context stage (a third training and
+    evaluation, run twice, that reruns as the anneal does; the long-context stage's own path is
+    tests/assets/training/test_training.py's): what reruns is the question here, not how well the models learn."""
+    smaller_corpus(raw, web_warc, math_jsonl)
     shorter_training(raw)
     raw["training"]["long_context"] = []
     raw["mixing"]["candidates"] = 2  # a sweep of two proxy runs reruns as a sweep of four would
     raw["training"]["main"].setdefault("metrics", {})["downstream_interval"] = 0
     raw["evaluation"].update(tasks=raw["evaluation"]["tasks"][:1], limit=4)
+    raw["reference"]["train_tokens"] = 32 * 16 * 64  # 32 steps, not the demo's 128 (curation/reference_lm's test)
 
 
 def stricter_web_filter(raw):
@@ -83,7 +87,10 @@ def test_the_demo_reruns_exactly_what_a_change_touches_and_keeps_the_tokenizer(t
     recipe = tmp_path / "recipe.yaml"
     web_warc = tmp_path / "web-pages-head.warc.gz"  # the first pages' gzip members, as they are
     web_warc.write_bytes(b"".join(gzip_members(shared_data / "crawl/web-pages.warc.gz", WEB_PAGES)))
-    write_demo_copy(recipe, lambda raw: cheaper(raw, web_warc))
+    math_jsonl = tmp_path / "gsm8k-head.jsonl"  # the first problems, as they are
+    with open(shared_data / "math/gsm8k_train.jsonl") as problems:
+        math_jsonl.write_text("".join(line for _, line in zip(range(MATH_PROBLEMS), problems)))
+    write_demo_copy(recipe, lambda raw: cheaper(raw, web_warc, math_jsonl))
     monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
     missing = status_rows(capsys)
     assert missing and all(state == "missing" for state, _ in missing.values())
@@ -101,7 +108,7 @@ def test_the_demo_reruns_exactly_what_a_change_touches_and_keeps_the_tokenizer(t
 
     # A reader setting of one source changes: that source's raw asset alone turns stale and reruns. Every GSM8K
     # problem is longer than 20 characters, so its documents, and so its data version, stay as they were.
-    write_demo_copy(recipe, lambda raw: (cheaper(raw, web_warc), set_math_min_chars(raw, 20)))
+    write_demo_copy(recipe, lambda raw: (cheaper(raw, web_warc, math_jsonl), set_math_min_chars(raw, 20)))
     changed = status_rows(capsys)
     stale = {key: cause for key, (state, cause) in changed.items() if state != "fresh"}
     assert list(stale) == ["curation/math/raw_crawl"] and "code version" in stale["curation/math/raw_crawl"]
@@ -120,7 +127,7 @@ def test_the_demo_reruns_exactly_what_a_change_touches_and_keeps_the_tokenizer(t
     uri, manifest_text = capsys.readouterr().out.split("\n", 1)
     manifest = json.loads(manifest_text)
     assert uri.startswith("file://") and uri.endswith(manifest["version_key"])
-    assert manifest["asset"] == "curation/math/raw_crawl" and manifest["counts"]["kept"] == 7473
+    assert manifest["asset"] == "curation/math/raw_crawl" and manifest["counts"]["kept"] == MATH_PROBLEMS
     assert manifest["data_version"]
     assert main(["docs", "raw_crawl", "--source", "math", "--limit", "3"]) == 0
     docs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
@@ -130,7 +137,7 @@ def test_the_demo_reruns_exactly_what_a_change_touches_and_keeps_the_tokenizer(t
     before = data_versions()
     untouched = [f"curation/{s.name}/decontaminated" for s in load_recipe(recipe).sources if s.name != "web"]
     runs_before = {key: committed_manifest(capsys, key)["run_id"] for key in untouched}
-    write_demo_copy(recipe, lambda raw: (cheaper(raw, web_warc), set_math_min_chars(raw, 20),
+    write_demo_copy(recipe, lambda raw: (cheaper(raw, web_warc, math_jsonl), set_math_min_chars(raw, 20),
                                                stricter_web_filter(raw)))
     # Dagster shows staleness one step at a time: the filtered asset whose section changed.
     assert {k for k, (state, _) in status_rows(capsys).items() if state != "fresh"} == {"curation/web/filtered"}
