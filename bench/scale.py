@@ -37,8 +37,10 @@ Targets on 2 cores: 2 workers >= 1.7x 1 worker on every stage; peak RSS at 4x wi
 but the dedup cluster step, whose bytes per document are printed (the stage's own figure when its manifest has one,
 else the growth of dedup's peak RSS per added document). Last line `ratio: X.XX` = the smallest 2-worker
 speed-up of any stage at any scale. `--quick` (alias `--smoke`, what tests/test_bench.py runs) does the same on
-QUICK_PAGES pages per copy with a small tokenizer and two benchmarks: it checks that the bench works, its figures
-mean nothing.
+QUICK_PAGES pages per copy with a small tokenizer and two benchmarks, each home's five stages in one `pretrain
+materialize` call (each stage's seconds from its manifest or run as above; the peak RSS is the call's): it checks
+that the bench works, its figures mean nothing. Twenty calls took ~4.7 minutes there, nearly all of it each call's
+start (the code location, great-expectations for the checks, the executor's helper) on a few dozen pages.
 """
 
 import argparse
@@ -283,8 +285,18 @@ def find_bytes_per_document(found) -> float | None:
 
 def run_stage(home: Path, env: dict, name: str, keys: list[str]) -> dict:
     wall, rss = materialize(home, env, keys)
-    found = manifest(home, keys[-1])
+    return stage_result(home, name, keys, wall, rss, run_seconds(home))
+
+
+def run_stages_at_once(home: Path, env: dict) -> dict[str, dict]:
+    """--quick: every stage in one call; {stage name: its figures}, each with the call's wall time and peak RSS."""
+    wall, rss = materialize(home, env, [key for _, keys in STAGES for key in keys])
     runs = run_seconds(home)
+    return {name: stage_result(home, name, keys, wall, rss, runs) for name, keys in STAGES}
+
+
+def stage_result(home: Path, name: str, keys: list[str], wall: float, rss: int, runs: dict[str, float]) -> dict:
+    found = manifest(home, keys[-1])
     seconds, source = found.get("seconds"), "manifest"
     if not isinstance(seconds, (int, float)) or seconds <= 0:
         seconds, source = runs.get(keys[-1], wall), "run"
@@ -345,6 +357,13 @@ def main() -> None:
                 homes[scale, workers] = (home, environment(home, recipe, workers, args.tasks))
         results: dict[tuple, dict] = {}
         for scale in scales:
+            if args.quick:
+                for workers in (1, 2):
+                    home, env = homes[scale, workers]
+                    for name, r in run_stages_at_once(home, env).items():
+                        results[scale, name, workers] = r
+                        show(scale, name, workers, r)
+                continue
             for name, keys in STAGES:
                 for workers in (1, 2):
                     home, env = homes[scale, workers]
