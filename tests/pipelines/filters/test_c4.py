@@ -39,10 +39,11 @@ def kept(config: C4Config, text: str):
 
 
 def run_web_rules(docs: list[dict], tmp_path: Path) -> dict[str, str]:
-    """The demo's `web` filter steps as its filtered asset runs them; the quality model left out (it scores
-    documents, it never edits one, and needs the classifier asset)."""
+    """The demo's `web` filter steps as its filtered asset runs them; the quality model and the perplexity filter left
+    out (they score documents, they never edit one, and each needs a model asset)."""
     recipe = load_recipe(REPO / "recipes" / "demo.yaml")
-    config = dataclasses.replace(next(s for s in recipe.sources if s.name == "web").filter, quality_model=None)
+    config = dataclasses.replace(next(s for s in recipe.sources if s.name == "web").filter, quality_model=None,
+                                 perplexity=None)
     assert config.c4 is not None and config.c4.keep_headings and config.pii is not None
     inp, out = tmp_path / "in", tmp_path / "out"
     inp.mkdir()
