@@ -21,7 +21,7 @@ from assets.recipe import DEMO_RECIPE
 def two_small_sources() -> dict:
     """The demo recipe as a dict (base_dir absolute, so a copy may be written anywhere) with the curation that
     `curated_template` holds: c4 and math unfiltered (the curation chain is tested elsewhere; here it only feeds
-    training), GSM8K's test set as the benchmark, a 1,024-token tokenizer, no quality classifier."""
+    training), GSM8K's test set as the benchmark, a 1,024-token tokenizer, no quality classifier or reference model."""
     raw = yaml.safe_load(DEMO_RECIPE.read_text())
     raw["base_dir"] = str((DEMO_RECIPE.parent / raw["base_dir"]).resolve())
     sources = {s["name"]: s for s in raw["sources"]}
@@ -31,6 +31,7 @@ def two_small_sources() -> dict:
     raw["decontamination"]["benchmarks"] = ["benchmarks/gsm8k_test.jsonl"]
     raw["tokenizer"] = {"vocab_size": 1024, "sample_bytes": 400000}
     raw.pop("quality_classifier", None)
+    raw.pop("reference", None)  # no source here scores perplexity: without it, no reference model in the graph
     return raw
 
 
