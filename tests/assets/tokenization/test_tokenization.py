@@ -16,16 +16,30 @@ from pipelines.tokenization.tokenizer import PackingConfig, is_val
 from trainer.data.mixture import DataConfig, MixtureDataset, PackedSource
 
 SOURCES = ("math", "code")
+MATH_PROBLEMS = 1500  # of GSM8K's 7,473: tokenizing and packing does not depend on how many there are
 
 
-def write_recipe(path, **sections):
-    """The demo's math and code sources (reader settings only) with the demo's tokenizer and packing sections."""
+@pytest.fixture
+def math_head(tmp_path, shared_data):
+    """The first MATH_PROBLEMS lines of the demo's GSM8K file, as they are."""
+    path = tmp_path / "gsm8k-head.jsonl"
+    with open(shared_data / "math/gsm8k_train.jsonl") as problems:
+        path.write_text("".join(line for _, line in zip(range(MATH_PROBLEMS), problems)))
+    return path
+
+
+def write_recipe(path, math_inputs, **sections):
+    """The demo's math and code sources (reader settings only; math reads `math_inputs`) with the demo's tokenizer
+    and packing sections."""
     demo = yaml.safe_load(DEMO_RECIPE.read_text())
     sources = [
         {key: value for key, value in source.items() if key in ("name", "format", "inputs", "reader")}
         for source in demo["sources"]
         if source["name"] in SOURCES
     ]
+    for source in sources:
+        if source["name"] == "math":
+            source["inputs"] = [str(math_inputs)]
     raw = {
         "name": "tokenization-test",
         "base_dir": str((DEMO_RECIPE.parent / demo["base_dir"]).resolve()),
@@ -45,9 +59,9 @@ def where(key: str, capsys) -> tuple[str, dict]:
 
 
 @pytest.mark.slow  # ingests two sources, trains a tokenizer, packs: ~20 s
-def test_tokenizer_and_packed_shards_from_two_sources(tmp_path, monkeypatch, capsys, pretrain_home):
+def test_tokenizer_and_packed_shards_from_two_sources(tmp_path, monkeypatch, capsys, pretrain_home, math_head):
     recipe = tmp_path / "recipe.yaml"
-    write_recipe(recipe)
+    write_recipe(recipe, math_head)
     monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
     selection = "+tokenization/*"  # and the whole curation chain under it
     assert main(["materialize", "--select", selection]) == 0
@@ -115,9 +129,9 @@ def test_tokenizer_and_packed_shards_from_two_sources(tmp_path, monkeypatch, cap
 
 
 @pytest.mark.slow  # materializes assets through the CLI
-def test_an_adopted_tokenizer_needs_no_documents(tmp_path, monkeypatch, capsys):
+def test_an_adopted_tokenizer_needs_no_documents(tmp_path, monkeypatch, capsys, math_head):
     recipe = tmp_path / "recipe.yaml"
-    write_recipe(recipe, tokenizer={"path": "tokenizers/gpt2/tokenizer.json"})
+    write_recipe(recipe, math_head, tokenizer={"path": "tokenizers/gpt2/tokenizer.json"})
     monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
     # No raw_crawl materialized: the adopted tokenizer depends on none.
     assert main(["materialize", "--select", "tokenization/tokenizer"]) == 0
@@ -134,7 +148,7 @@ def test_an_adopted_tokenizer_needs_no_documents(tmp_path, monkeypatch, capsys):
     _, curated = where("curation/math/decontaminated", capsys)
     _, packed = where("tokenization/math/packed", capsys)
     assert packed["packing"]["dtype"] == "uint16" and packed["packing"]["eos_id"] == 50256
-    assert packed["counts"]["train"]["documents"] + packed["counts"]["val"]["documents"] == curated["counts"]["kept"] > 7000
+    assert packed["counts"]["train"]["documents"] + packed["counts"]["val"]["documents"] == curated["counts"]["kept"] > 1400
     assert np.dtype(packed["packing"]["dtype"]).itemsize * packed["counts"]["train"]["tokens"] == sum(
         f["bytes"] for f in packed["files"] if f["path"].startswith("train/") and f["path"].endswith(".tokens.bin")
     )
