@@ -137,6 +137,11 @@ if isinstance(end, dict):  # a failure record: written as the trainer writes it,
     sys.exit(end["exit_status"])
 if end == "rank1":  # under torchrun: rank 1 stops with `status`, writing nothing; rank 0 waits to be stopped
     if os.environ["RANK"] == "1":
+        # Once rank 0 has counted this attempt: torchrun stops rank 0 when rank 1 ends, and a rank 0 still starting
+        # (a loaded machine) never counted it, so the test could not tell how many attempts there were.
+        import time; deadline = time.monotonic() + 60
+        while len(count.read_text() if count.exists() else "") < attempt and time.monotonic() < deadline:
+            time.sleep(0.05)
         sys.exit(run["status"])
     import time; time.sleep(60)
 if end == 0:
