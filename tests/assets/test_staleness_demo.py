@@ -37,11 +37,19 @@ def smaller_corpus(raw, web_warc: Path, math_jsonl: Path):
     sources["math"]["inputs"] = [str(math_jsonl)]
 
 
+def first_lines(source: Path, dest: Path, count: int) -> Path:
+    """`dest` holding the first `count` lines of `source`, as they are (a JSON-lines head: the first documents)."""
+    with open(source) as lines:
+        dest.write_text("".join(line for _, line in zip(range(count), lines)))
+    return dest
+
+
 def cheaper(raw, web_warc: Path, math_jsonl: Path):
     """smaller_corpus, shorter_training, no zero-shot evaluation during training, one small evaluation task, a
-    reference model of a quarter of the steps, four benchmarks to decontaminate against, and main -> anneal without the long-context stage (a third training and
-    evaluation, run twice, that reruns as the anneal does; the long-context stage's own path is
-    tests/assets/training/test_training.py's): what reruns is the question here, not how well the models learn."""
+    reference model of a quarter of the steps, four benchmarks to decontaminate against, and main -> anneal without the
+    long-context stage (a third training and evaluation, run twice, that reruns as the anneal does; the long-context
+    stage's own path is tests/assets/training/test_training.py's): what reruns is the question here, not how well the
+    models learn."""
     smaller_corpus(raw, web_warc, math_jsonl)
     shorter_training(raw)
     raw["training"]["long_context"] = []
@@ -91,9 +99,7 @@ def test_the_demo_reruns_exactly_what_a_change_touches_and_keeps_the_tokenizer(t
     recipe = tmp_path / "recipe.yaml"
     web_warc = tmp_path / "web-pages-head.warc.gz"  # the first pages' gzip members, as they are
     web_warc.write_bytes(b"".join(gzip_members(shared_data / "crawl/web-pages.warc.gz", WEB_PAGES)))
-    math_jsonl = tmp_path / "gsm8k-head.jsonl"  # the first problems, as they are
-    with open(shared_data / "math/gsm8k_train.jsonl") as problems:
-        math_jsonl.write_text("".join(line for _, line in zip(range(MATH_PROBLEMS), problems)))
+    math_jsonl = first_lines(shared_data / "math/gsm8k_train.jsonl", tmp_path / "gsm8k-head.jsonl", MATH_PROBLEMS)
     write_demo_copy(recipe, lambda raw: cheaper(raw, web_warc, math_jsonl))
     monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
     missing = status_rows(capsys)

@@ -13,6 +13,7 @@ from assets.cli import main
 from assets.recipe import DEMO_RECIPE
 from pipelines.shards import iter_documents
 from pipelines.tokenization.tokenizer import PackingConfig, is_val
+from tests.assets.test_staleness_demo import first_lines
 from trainer.data.mixture import DataConfig, MixtureDataset, PackedSource
 
 SOURCES = ("math", "code")
@@ -22,10 +23,7 @@ MATH_PROBLEMS = 1500  # of GSM8K's 7,473: tokenizing and packing does not depend
 @pytest.fixture
 def math_head(tmp_path, shared_data):
     """The first MATH_PROBLEMS lines of the demo's GSM8K file, as they are."""
-    path = tmp_path / "gsm8k-head.jsonl"
-    with open(shared_data / "math/gsm8k_train.jsonl") as problems:
-        path.write_text("".join(line for _, line in zip(range(MATH_PROBLEMS), problems)))
-    return path
+    return first_lines(shared_data / "math/gsm8k_train.jsonl", tmp_path / "gsm8k-head.jsonl", MATH_PROBLEMS)
 
 
 def write_recipe(path, math_inputs, **sections):
