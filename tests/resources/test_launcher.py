@@ -118,10 +118,20 @@ from dagster_pipes import open_dagster_pipes
 run = json.loads(Path(sys.argv[1]).read_text())
 out = Path(run["output_dir"]); out.mkdir(parents=True, exist_ok=True)
 count = out / "attempts"
-attempt = len(count.read_text()) + 1 if count.exists() else 1
+# Rank 0 counts the attempt, then marks it counted for its torchrun agent (the ranks' shared parent); another rank
+# reads the count only after that mark. Reading it at its own start, a rank that started after rank 0 had counted
+# took itself for the next attempt (a loaded machine), and one that started before saw no count at all.
+counted = out / f"counted-{os.getppid()}"
+rank0 = os.environ.get("RANK", "0") == "0"
+if not rank0:
+    import time; deadline = time.monotonic() + 120
+    while not counted.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+attempt = (len(count.read_text()) if count.exists() else 0) + rank0
 end = run["plan"][min(attempt, len(run["plan"])) - 1]
-if os.environ.get("RANK", "0") == "0":  # one writer, as the trainer's rank 0
+if rank0:  # one writer, as the trainer's rank 0
     count.write_text("x" * attempt)
+    counted.touch()
     records = [{"event": "attempt", "n": attempt}] + ([{"event": "resumed", "step": 3 * (attempt - 1)}] if attempt > 1 else [])
     with open_dagster_pipes() as pipes, open(out / "metrics.jsonl", "a") as metrics:
         for record in records:
@@ -136,14 +146,9 @@ if isinstance(end, dict):  # a failure record: written as the trainer writes it,
     (out / "failure.json").write_text(json.dumps(end))
     sys.exit(end["exit_status"])
 if end == "rank1":  # under torchrun: rank 1 stops with `status`, writing nothing; rank 0 waits to be stopped
-    if os.environ["RANK"] == "1":
-        # Once rank 0 has counted this attempt: torchrun stops rank 0 when rank 1 ends, and a rank 0 still starting
-        # (a loaded machine) never counted it, so the test could not tell how many attempts there were.
-        import time; deadline = time.monotonic() + 60
-        while len(count.read_text() if count.exists() else "") < attempt and time.monotonic() < deadline:
-            time.sleep(0.05)
+    if os.environ["RANK"] == "1":  # rank 0 has counted this attempt by now (above)
         sys.exit(run["status"])
-    import time; time.sleep(60)
+    import time; time.sleep(600)  # torchrun stops it; ending on its own, it would be a second failure
 if end == 0:
     (out / "summary.json").write_text(json.dumps({"steps": attempt}))
 sys.exit(end)
