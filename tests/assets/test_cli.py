@@ -42,16 +42,17 @@ def set_math_min_chars(raw, value):
 
 
 def shorter_training(raw):
-    """The demo's every stage, with a quarter of its training tokens and fewer evaluation items: this test is
-    about what turns stale and what reruns, not about how well the models learn (`make demo` runs it whole)."""
+    """The demo's every stage, with an eighth of the tokens of its main run (17 steps) and proxy runs, a quarter of
+    the other stages' and fewer evaluation items: this test is about what turns stale and what reruns, not about
+    how well the models learn (`make demo` runs it whole)."""
     training = raw["training"]
-    training["main"]["train_tokens"] //= 4
-    training["main"]["batch"]["ramp_tokens"] //= 4
-    training["main"]["schedule"]["warmup_tokens"] //= 4
+    training["main"]["train_tokens"] //= 8
+    training["main"]["batch"]["ramp_tokens"] //= 8
+    training["main"]["schedule"]["warmup_tokens"] //= 8
     for stage in training["long_context"]:
         stage["train_tokens"] //= 4
     training["anneal"]["train_tokens"] //= 4
-    raw["mixing"]["proxy"]["train_tokens"] //= 4
+    raw["mixing"]["proxy"]["train_tokens"] //= 8
     raw["evaluation"]["limit"] = 10
 
 
