@@ -102,12 +102,18 @@ def shared_fixture_groups(items) -> dict:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
-    """Tests of one shared fixture share one worker (shared_fixture_groups); tests marked `gpu` run only where CUDA
-    is present (the device machine); CI has none."""
+    """Tests of one shared fixture share one worker (shared_fixture_groups); tests marked `slow` come first; tests
+    marked `gpu` run only where CUDA is present (the device machine); CI has none.
+
+    Slow first: pytest-xdist hands out the groups largest first, then single tests in this order, each to the
+    worker that runs out of work. Collected by path, a minute-long test near the end (the UI's, a multi-rank kill)
+    kept one worker busy while the other, done, sat idle (~55 s of the suite's wall time); started early, the long
+    tests run beside others and the short ones fill in at the end. A stable sort: each module's order is kept."""
     import torch
 
     for item, group in shared_fixture_groups(items).items():
         item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: "slow" not in item.keywords)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (marker gpu); none is present here")
