@@ -134,6 +134,20 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def open_instance():
+    """The persistent Dagster instance under PRETRAIN_HOME, its runs whose process died marked failed first (a
+    `pretrain materialize` killed with SIGKILL leaves them STARTED; assets/dead_runs.py)."""
+    ensure_dagster_home()
+    from dagster import DagsterInstance
+
+    from assets.dead_runs import fail_dead_runs
+
+    instance = DagsterInstance.get()
+    for line in fail_dead_runs(instance):
+        print(f"pretrain: {line}", file=sys.stderr)
+    return instance
+
+
 class Factory:
     """The recipe in force, its Definitions and the persistent instance: what every command needs."""
 
@@ -143,12 +157,10 @@ class Factory:
         self.recipe = load_recipe(recipe_arg)
         self.recipe_arg = str(self.recipe.path)  # the worker processes of a parallel materialize load this one
         ensure_dagster_home()
-        from dagster import DagsterInstance
-
         from assets.definitions import build_defs
 
         self.defs = build_defs(self.recipe)
-        self.instance = DagsterInstance.get()
+        self.instance = open_instance()
         graph = self.defs.resolve_asset_graph()
         # What can be materialized: the observed input sets (curation/<source>/inputs) are source assets.
         self.keys = sorted((k for k in self.defs.resolve_all_asset_keys() if graph.get(k).is_materializable),
@@ -447,11 +459,9 @@ def _lineage(args) -> int:
     home = os.environ.get("DAGSTER_HOME")
     if args.no_check or not records or not home or not Path(home, "dagster.yaml").exists():
         return 0
-    from dagster import DagsterInstance
-
     from assets.core.lineage import cross_check
 
-    problems = cross_check(DagsterInstance.get(), records)
+    problems = cross_check(open_instance(), records)
     for problem in problems:
         print(f"pretrain: lineage differs from the Dagster instance: {problem}", file=sys.stderr)
     if not problems:

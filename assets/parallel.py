@@ -257,7 +257,11 @@ def _ancestors_in(graph, selected: set) -> dict:
 
 
 def run_task(job, instance, task: Task, env: dict, tags: dict) -> Outcome:
-    """One Dagster run materializing `task` in this process, with `env` set while it runs."""
+    """One Dagster run materializing `task` in this process, with `env` set while it runs; the run's tags name this
+    process, so that a later command finds the run failed if the process dies first (assets/dead_runs.py)."""
+    from assets.dead_runs import owner_tags
+
+    tags = {**tags, **owner_tags()}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
