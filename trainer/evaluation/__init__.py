@@ -2,6 +2,6 @@
 loop and `python -m trainer.evaluation.evaluate` run, lm-evaluation-harness on a checkpoint exported to Hugging
 Face format, and that export.
 
-It may import trainer.config, trainer.model, trainer.data and trainer.checkpoint (the weights); the loop uses it
-through a callback.
+It may import trainer.config, trainer.model, trainer.data, trainer.checkpoint (the weights) and
+trainer.reporting (the Pipes channel back to the evaluation asset); the loop uses it through a callback.
 """

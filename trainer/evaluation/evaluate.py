@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.evaluation.tasks import TASKS, Item, encode_pair, load_task
+from trainer.reporting.pipes import PipesReporter
 
 
 @torch.no_grad()
@@ -251,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hf-cache", help="the Hugging Face datasets cache (default: in --work)")
     parser.add_argument("--out", required=True, help="results.json to write")
     args = parser.parse_args(argv)
+    # Launched by an evaluation asset, the process reports through that asset's Pipes session: its summary and any
+    # error in the Dagster run's log (a session nobody opened logged "did not receive any messages" on every run).
+    reporter = PipesReporter.open()
     try:
         val = dict(item.split("=", 1) for item in args.val)
         with tempfile.TemporaryDirectory(prefix="pretrain-evaluate-") as tmp:
@@ -259,13 +263,29 @@ def main(argv: list[str] | None = None) -> int:
                                           val_sequences=args.val_sequences, canary=args.canary,
                                           canary_sequences=args.canary_sequences, work=args.work or tmp,
                                           hf_cache=args.hf_cache)
+        Path(args.out).write_text(json.dumps(results, indent=1))
+        if reporter:
+            reporter.log(summary(results))
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        if reporter:
+            reporter.log(f"evaluation failed: {exc}")
         return 2
-    Path(args.out).write_text(json.dumps(results, indent=1))
+    finally:
+        if reporter:
+            reporter.close()
     if "lm_eval" in results:
         print(results["lm_eval"]["table"], flush=True)
     return 0
+
+
+def summary(results: dict) -> str:
+    """One line of what an evaluation measured: 'step 17: val_loss c4 7.5060 | code 7.5008; canary_loss 7.1234'."""
+    line = f"step {results['step']}: val_loss " + " | ".join(
+        f"{name} {loss:.4f}" for name, loss in sorted(results.get("val_loss", {}).items()))
+    if "canary_loss" in results:
+        line += f"; canary_loss {results['canary_loss']:.4f}"
+    return line
 
 
 if __name__ == "__main__":

@@ -95,6 +95,13 @@ def test_every_stage_trains_from_the_one_before_and_is_evaluated(tmp_path, monke
         # lm-eval's results: every metric with its stderr, its table, and the stages this one descends from.
         assert {"acc_norm,none", "acc_norm_stderr,none"} <= set(ev["lm_eval"]["results"]["arc_easy"])
         assert "arc_easy" in ev["lm_eval_table"] and "data:image/png;base64," in ev["lm_eval_across_stages"]
+        # The evaluation process reports through the asset's Pipes session: its summary line is in the run's log,
+        # and Dagster's warning of a session that received no message is not.
+        instance = DagsterInstance.get()
+        run_id = instance.get_latest_materialization_event(AssetKey(["evaluation", name])).run_id
+        messages = [entry.user_message for entry in instance.all_logs(run_id)]
+        assert any(f"step {ev['step']}: val_loss c4 " in m and "canary_loss" in m for m in messages), messages[-20:]
+        assert not any("did not receive any messages" in m for m in messages)
 
     # The checkpoint alone tells what made it.
     capsys.readouterr()
