@@ -79,9 +79,11 @@ test: system-deps $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q $(XDIST) -m "not slow"
 
+# dagster dev under a wrapper that stops it, and every process it started, within 10 s of SIGTERM or SIGINT
+# (assets/ui.py); make passes its own SIGTERM on to the wrapper.
+UI_PORT ?= 3000
 ui: $(STAMP)
-	$(BIN)/python -c "from assets.home import ensure_dagster_home; ensure_dagster_home()"
-	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	$(BIN)/python -m assets.ui --host 127.0.0.1 --port $(UI_PORT)
 
 # TensorBoard over every training run of this PRETRAIN_HOME (each stage's run folder, written while it trains):
 # http://127.0.0.1:6006, one run per stage and version ("main/<version key>/out/tensorboard").
