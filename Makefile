@@ -26,7 +26,9 @@ install: $(STAMP)
 # the same first three lines, then `pip install -c constraints.txt -e '.[eval]'` (or with `ray`, `postgres`). Without
 # `eval` everything but the evaluation assets and `pretrain eval` works (they need lm-evaluation-harness).
 EXTRAS ?= test,eval,ray,postgres
-PIP := $(BIN)/pip install -q --disable-pip-version-check
+# -qq: errors only. pip's warnings here were about package folders of this machine's pip configuration that do not
+# exist ("Location 'file:///...' is ignored"), 11 lines a user can do nothing about.
+PIP := $(BIN)/pip install -qq --disable-pip-version-check
 # uv installs the ~240 other distributions in ~25 s where pip took ~2 minutes (it unpacks and links in parallel),
 # the same versions (constraints.txt). torch is pip's: only pip takes the CPU wheel that lies on this machine's
 # disk, and uv then keeps the installed 2.13.0+cpu, which satisfies the constraint (docs/stack.md).
