@@ -12,5 +12,6 @@ An asset's key names its module: `<group>/[<source>/]<name>` is in assets/<group
 Each asset states what it reads and how it builds; core/factory.py turns that into the Dagster asset (version
 key, reuse, scratch space, commit, manifest, standard metadata, checks, errors). Around them: the recipe
 (recipe.py, stages.py), the Definitions the code location serves (definitions.py), the `pretrain` command
-(cli.py, parallel.py), metadata plots (plots.py) and where local state lives (home.py).
+(cli.py) and how it runs assets (runs/), `make ui` (ui.py), metadata plots (plots.py) and where local state
+lives (home.py).
 """

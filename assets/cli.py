@@ -136,11 +136,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def open_instance():
     """The persistent Dagster instance under PRETRAIN_HOME, its runs whose process died marked failed first (a
-    `pretrain materialize` killed with SIGKILL leaves them STARTED; assets/dead_runs.py)."""
+    `pretrain materialize` killed with SIGKILL leaves them STARTED; assets/runs/dead.py)."""
     ensure_dagster_home()
     from dagster import DagsterInstance
 
-    from assets.dead_runs import fail_dead_runs
+    from assets.runs.dead import fail_dead_runs
 
     instance = DagsterInstance.get()
     for line in fail_dead_runs(instance):
@@ -239,9 +239,9 @@ class Factory:
 
     def materialize(self, keys: list, jobs: int | None = None, refresh: bool = False) -> bool:
         """Run `keys` in dependency order, each asset (each partition of the mix sweep) a Dagster run of its own
-        once everything it needs from the selection is done, up to `jobs` at once (assets/parallel.py). `refresh`
+        once everything it needs from the selection is done, up to `jobs` at once (assets/runs/parallel.py). `refresh`
         tags the runs so that what is trained once and kept is trained again (the tokenizer)."""
-        from assets.parallel import default_jobs, materialize_parallel
+        from assets.runs.parallel import default_jobs, materialize_parallel
         from assets.tokenization.tokenizer import REFRESH_TAG
 
         self.observe_inputs()
@@ -310,7 +310,7 @@ def _materialize(args) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs {args.jobs}: expected 1 or more steps at a time")
     try:
-        from assets.parallel import default_jobs
+        from assets.runs.parallel import default_jobs
 
         jobs = args.jobs or default_jobs()
     except ValueError as exc:  # a bad PRETRAIN_JOBS

@@ -15,7 +15,7 @@ def share_the_cores_between_workers() -> None:
     """Under pytest-xdist, each worker's processes (the worker itself, the trainers, Dagster runs and evaluations its
     tests start) use cores // workers OpenMP threads, unless OMP_NUM_THREADS is already set. Each worker otherwise runs
     torch with every core while the other worker keeps them busy, and OpenMP threads that wait on a taken core made
-    the demo's main training 6x slower (111 s, 600 tokens/s, against 18 s alone). This is what assets/parallel.py
+    the demo's main training 6x slower (111 s, 600 tokens/s, against 18 s alone). This is what assets/runs/parallel.py
     does for two runs at once; a test that needs its own count still sets it. Before anything imports torch: its
     thread pool is sized when it loads.
 
@@ -23,8 +23,9 @@ def share_the_cores_between_workers() -> None:
     on 2 cores, one, in the worker's own process. Its default, a pool of one process per core, started a fresh
     interpreter per process and per command that imported the code location, great-expectations and the filters'
     models again (~3 s, ~4 s and more of CPU each, 10-20 s a command); in the worker they load once a session. The
-    lineage test took 124 s of CPU that way and 54 s in process. test_parallel.py passes --jobs 2 for the pool."""
-    from assets.parallel import JOBS_ENV, THREADS_ENV, cpu_count
+    lineage test took 124 s of CPU that way and 54 s in process. tests/assets/runs/test_parallel.py passes --jobs 2
+    for the pool."""
+    from assets.runs.parallel import JOBS_ENV, THREADS_ENV, cpu_count
 
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
     if workers > 1:

@@ -31,7 +31,7 @@ two jobs against 6:32 with one (AVX2-only kernels, fp32), 4:35 where bf16 is nat
 A failed run fails the command, naming the asset, its run and the error; as within one Dagster run, what
 depends on it does not run, everything else does. Progress: a line per run started and finished
 (`pretrain: [3/38] done curation/web/filtered in 6.1 s (run 1a2b3c4d): 363 documents of 1,171`, the figures
-from the asset's metadata: key_figures), and Dagster's log lines (each names its run id and step) as before.
+from the asset's metadata: assets/runs/figures.py), and Dagster's log lines (each names its run id and step) as before.
 """
 
 from __future__ import annotations
@@ -47,6 +47,9 @@ import traceback
 import uuid
 from dataclasses import dataclass
 from multiprocessing.connection import wait
+
+from assets.runs.dead import owner_tags
+from assets.runs.figures import key_figures
 
 JOBS_ENV = "PRETRAIN_JOBS"
 THREADS_ENV = "OMP_NUM_THREADS"
@@ -91,7 +94,7 @@ class Outcome:
     success: bool
     run_id: str | None = None
     error: str = ""
-    figures: str = ""  # what the run made, in a few words (key_figures)
+    figures: str = ""  # what the run made, in a few words (assets/runs/figures.py)
 
 
 @dataclass
@@ -261,9 +264,7 @@ def _ancestors_in(graph, selected: set) -> dict:
 
 def run_task(job, instance, task: Task, env: dict, tags: dict) -> Outcome:
     """One Dagster run materializing `task` in this process, with `env` set while it runs; the run's tags name this
-    process, so that a later command finds the run failed if the process dies first (assets/dead_runs.py)."""
-    from assets.dead_runs import owner_tags
-
+    process, so that a later command finds the run failed if the process dies first (assets/runs/dead.py)."""
     tags = {**tags, **owner_tags()}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -283,35 +284,6 @@ def run_task(job, instance, task: Task, env: dict, tags: dict) -> Outcome:
     figures = [key_figures({k: v.value for k, v in event.materialization.metadata.items()})
                for event in result.get_asset_materialization_events()]
     return Outcome(True, result.run_id, figures="; ".join(f for f in figures if f))
-
-
-# (metadata key, how it reads) of the figures a user looks for first, in the order shown; an asset shows those of
-# its metadata (documents kept by the data stages, tokens packed or trained, a model's loss or quality).
-# A form that starts with "of" goes on the figure before it.
-FIGURES = [("documents", "{:,} documents"), ("documents_in", "of {:,}"), ("tokens_train", "{:,} tokens"),
-           ("tokens", "{:,} tokens"), ("final_loss", "loss {:.3f}"), ("target_loss", "target loss {:.3f}"),
-           ("predicted_target_loss", "predicted target loss {:.3f}"), ("val_loss", "val_loss {:.3f}"),
-           ("canary_loss", "canary loss {:.3f}"), ("roc_auc", "ROC AUC {:.2f}"), ("val_perplexity", "perplexity {:.0f}"),
-           ("vocab_size", "vocabulary {:,}")]
-
-
-def key_figures(metadata: dict) -> str:
-    """'2,886 documents of 2,893', '32,768 tokens, loss 7.517, val_loss 7.437 (mean of 4)': the FIGURES an asset's
-    metadata has (a dict of numbers, a loss per domain, by its mean)."""
-    shown: list[str] = []
-    for key, form in FIGURES:
-        value = metadata.get(key)
-        if isinstance(value, dict) and value and all(isinstance(v, (int, float)) for v in value.values()):
-            text = form.format(sum(value.values()) / len(value)) + f" (mean of {len(value)})"
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            text = form.format(value)
-        else:
-            continue
-        if form.startswith("of") and shown:
-            shown[-1] += f" {text}"
-        else:
-            shown.append(text)
-    return ", ".join(shown)
 
 
 def _failure_message(result) -> str:

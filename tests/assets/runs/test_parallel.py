@@ -9,7 +9,7 @@ import yaml
 from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
 
 from assets.cli import main
-from assets.parallel import SESSION_TAG, THREADS_TAG, key_figures
+from assets.runs.parallel import SESSION_TAG, THREADS_TAG
 from assets.recipe import DEMO_RECIPE
 
 
@@ -109,11 +109,3 @@ def test_jobs_must_be_positive(tmp_path, monkeypatch, capsys):
     assert main(["materialize", "--jobs", "0"]) == 2
     assert "--jobs" in capsys.readouterr().err
 
-
-def test_key_figures_read_what_a_user_looks_for_first_from_the_metadata():
-    assert key_figures({"documents": 2886, "documents_in": 2893, "uri": "file:///x", "dropped": 7}) == \
-        "2,886 documents of 2,893"
-    assert key_figures({"tokens": 32768, "final_loss": 7.5169, "val_loss": {"c4": 7.0, "code": 8.0},
-                        "steps": 17}) == "32,768 tokens, loss 7.517, val_loss 7.500 (mean of 2)"
-    assert key_figures({"roc_auc": 0.8712, "accuracy": 0.74}) == "ROC AUC 0.87"
-    assert key_figures({"val_loss": {"c4": "nan"}, "documents": True, "candidates": {"a": {"c4": 1.0}}}) == ""

@@ -1,4 +1,4 @@
-"""A run whose process is gone is marked failed by the next `pretrain` command (assets/dead_runs.py): a real
+"""A run whose process is gone is marked failed by the next `pretrain` command (assets/runs/dead.py): a real
 `pretrain materialize` killed with SIGKILL mid-ingest, then `pretrain status`; and the runs that must be left
 alone (a live process, a reused pid, another host, a run without the tags)."""
 
@@ -15,7 +15,7 @@ import yaml
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
 
 from assets.cli import main
-from assets.dead_runs import HOST_TAG, PID_TAG, PROCESS_STARTED_TAG, fail_dead_runs, owner_tags, process_alive
+from assets.runs.dead import HOST_TAG, PID_TAG, PROCESS_STARTED_TAG, fail_dead_runs, owner_tags, process_alive
 from assets.home import ensure_dagster_home
 from assets.recipe import DEMO_RECIPE
 
@@ -42,13 +42,16 @@ def test_a_materialize_killed_mid_run_leaves_its_run_failed_once_status_has_look
     recipe = web_only_recipe(tmp_path / "recipe.yaml")
     monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
     ensure_dagster_home()
+    # The SQLite databases exist before the command starts: this process polls them while it would create (stamp)
+    # them, and one of the two fails with "UNIQUE constraint failed: alembic_version".
+    instance = DagsterInstance.get()
+    instance.get_runs(limit=1)
     env = {**os.environ, "PRETRAIN_JOBS": "1"}
     command = [sys.executable, "-c", "import sys; from assets.cli import main; sys.exit(main())", "materialize",
                "--select", "curation/web/raw_crawl"]
     log = open(tmp_path / "materialize.log", "w")
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        instance = DagsterInstance.get()
         deadline = time.monotonic() + 120
         while not open_runs(instance):
             assert proc.poll() is None, f"materialize ended before it was killed:\n{(tmp_path / 'materialize.log').read_text()[-3000:]}"

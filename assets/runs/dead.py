@@ -3,7 +3,7 @@
 A `pretrain materialize` killed with SIGKILL (by a user, a job scheduler, the OOM killer) leaves its Dagster run
 STARTED with no process behind it. Under `make ui` the daemon's run monitoring marks such runs failed; without a
 daemon nothing did, and the UI showed them "in progress" for good. So every run that `pretrain` executes carries its
-process as tags (run_task in assets/parallel.py): the host, the pid, and the process's start time, which tells a
+process as tags (run_task in assets/runs/parallel.py): the host, the pid, and the process's start time, which tells a
 reused pid from the original. Every `pretrain` command that opens the instance calls `fail_dead_runs` first: a run of
 this host still open whose process is gone (or a zombie) is reported failed, with the reason in its event log.
 
