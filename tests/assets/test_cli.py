@@ -56,6 +56,16 @@ def shorter_training(raw):
     raw["evaluation"]["limit"] = 10
 
 
+def damaged_jsonl(tmp_path, shared_data):
+    """Six real C4 documents, then four records that are not JSON documents (4 of 10 bad)."""
+    import gzip
+
+    lines = gzip.open(shared_data / "jsonl" / "olmo_c4-sample.01.json.gz", "rt").read().splitlines()
+    damaged = tmp_path / "damaged.jsonl"
+    damaged.write_text("\n".join(lines[:6] + ['{"text": "cut off', "not json at all", "{]", "{"]) + "\n")
+    return damaged
+
+
 def test_cli_errors_go_to_stderr_with_nonzero_status(tmp_path, monkeypatch, capsys):
     recipe = tmp_path / "recipe.yaml"
     write_demo_copy(recipe, lambda raw: raw["sources"][0].update(format="pdf"))
@@ -101,11 +111,7 @@ def test_assets_write_to_s3_and_the_cli_reads_back(tmp_path, monkeypatch, capsys
 @pytest.mark.slow  # materializes assets through the CLI
 def test_a_source_past_its_bad_fraction_fails_and_commits_nothing(tmp_path, monkeypatch, capsys, shared_data):
     """Corrupt records beyond the recipe's threshold fail the asset with the source named; nothing is committed."""
-    import gzip
-
-    lines = gzip.open(shared_data / "jsonl" / "olmo_c4-sample.01.json.gz", "rt").read().splitlines()
-    damaged = tmp_path / "damaged.jsonl"
-    damaged.write_text("\n".join(lines[:6] + ['{"text": "cut off', "not json at all", "{]", "{"]) + "\n")
+    damaged = damaged_jsonl(tmp_path, shared_data)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump({
         "name": "damaged",

@@ -11,6 +11,7 @@ from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatu
 from assets.cli import main
 from assets.runs.parallel import SESSION_TAG, THREADS_TAG
 from assets.recipe import DEMO_RECIPE
+from tests.assets.test_cli import damaged_jsonl
 
 
 def demo_sources(path, names):
@@ -78,11 +79,7 @@ def test_independent_steps_run_at_the_same_time(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.slow  # materializes assets through the CLI
 def test_a_failed_step_fails_the_command_and_what_does_not_depend_on_it_still_runs(tmp_path, monkeypatch, capsys, shared_data):
-    import gzip
-
-    lines = gzip.open(shared_data / "jsonl" / "olmo_c4-sample.01.json.gz", "rt").read().splitlines()
-    damaged = tmp_path / "damaged.jsonl"
-    damaged.write_text("\n".join(lines[:6] + ['{"text": "cut off', "not json at all", "{]", "{"]) + "\n")
+    damaged = damaged_jsonl(tmp_path, shared_data)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump({"name": "one-damaged", "sources": [
         {"name": "good", "format": "jsonl", "inputs": [str(shared_data / "jsonl" / "olmo_c4-sample.02.json.gz")]},
