@@ -1,6 +1,6 @@
 """`pretrain`: materialize, inspect and read the factory's assets from a terminal.
 
-    pretrain materialize [--recipe R] [--select SEL] [--stale] [--refresh] [--jobs N]
+    pretrain materialize [--recipe R] [--select SEL] [--stale] [--refresh] [--jobs N] [--verbose]
     pretrain status      [--recipe R]
     pretrain where ASSET [--recipe R] [--source S]
     pretrain docs ASSET  [--recipe R] [--source S] [--limit N]
@@ -18,6 +18,8 @@ ASSET is an asset key path (`curation/web/raw_crawl`) or, with --source, the sta
 SEL is a comma-separated list of asset key paths or fnmatch patterns (`curation/*/raw_crawl`); a leading
 `+` adds everything the matched assets depend on (`+tokenization/math/packed`).
 Runs go to the persistent Dagster instance under PRETRAIN_HOME, so `make ui` shows them.
+`materialize` shows a line per asset and a live progress line; the rest of its output (Dagster's event log,
+datatrove, DeepSpeed, the trainers) goes to $PRETRAIN_HOME/logs/<id>.log, unless --verbose.
 Errors go to stderr with a non-zero exit status.
 
 Long because it is every `pretrain` command's parser and handler in one file, each handler a thin call into the
@@ -46,18 +48,24 @@ class UsageError(ValueError):
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.command is _materialize:
-        _start_local_helpers(args)
-    # Imported here, not at the top: it loads Dagster (~1 s), which the helpers above need not wait for.
-    from assets.recipe import RecipeError
+    with contextlib.ExitStack() as stack:
+        if args.command is _materialize:
+            from assets.runs.output import materialize_output
 
-    try:
-        return args.command(args)
-    except (RecipeError, UsageError) as exc:
-        print(f"pretrain: {exc}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:  # `pretrain docs … | head` closed the pipe: not an error
-        return 0
+            # First: the helpers below, and every process started from here, write where this process does.
+            args.report = stack.enter_context(materialize_output(verbose=args.verbose))
+            _start_local_helpers(args)
+        # Imported here, not at the top: it loads Dagster (~1 s), which the helpers above need not wait for.
+        from assets.recipe import RecipeError
+
+        try:
+            return args.command(args)
+        except (RecipeError, UsageError) as exc:
+            error = f"pretrain: {exc}"
+        except BrokenPipeError:  # `pretrain docs … | head` closed the pipe: not an error
+            return 0
+    print(error, file=sys.stderr)  # after the block: on the terminal, whatever the command did with its output
+    return 2
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -78,6 +86,9 @@ def _parser() -> argparse.ArgumentParser:
                           "though its recipe section did not change")
     cmd.add_argument("--jobs", "-j", type=int, metavar="N",
                      help="independent steps run N at a time (default: $PRETRAIN_JOBS, else the number of CPUs)")
+    cmd.add_argument("--verbose", "-v", action="store_true",
+                     help="stream everything (Dagster's event log, datatrove, DeepSpeed, the trainers) to stderr, "
+                          "instead of a line per asset and a progress line, the rest in $PRETRAIN_HOME/logs/<id>.log")
 
     add("status", _status, "each asset: fresh, stale or missing, with the cause")
 
@@ -134,9 +145,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def open_instance():
+def say(text: str) -> None:
+    """A line for the user, on stderr."""
+    print(text, file=sys.stderr)
+
+
+def open_instance(say=say):
     """The persistent Dagster instance under PRETRAIN_HOME, its runs whose process died marked failed first (a
-    `pretrain materialize` killed with SIGKILL leaves them STARTED; assets/runs/dead.py)."""
+    `pretrain materialize` killed with SIGKILL leaves them STARTED; assets/runs/dead.py), each said with `say`."""
     ensure_dagster_home()
     from dagster import DagsterInstance
 
@@ -144,23 +160,25 @@ def open_instance():
 
     instance = DagsterInstance.get()
     for line in fail_dead_runs(instance):
-        print(f"pretrain: {line}", file=sys.stderr)
+        say(f"pretrain: {line}")
     return instance
 
 
 class Factory:
-    """The recipe in force, its Definitions and the persistent instance: what every command needs."""
+    """The recipe in force, its Definitions and the persistent instance: what every command needs. What it has to
+    tell the user (runs found dead, new input files) goes to `say`: `pretrain materialize`'s terminal."""
 
-    def __init__(self, recipe_arg: str | None):
+    def __init__(self, recipe_arg: str | None, say=say):
         from assets.recipe import load_recipe
 
+        self.say = say
         self.recipe = load_recipe(recipe_arg)
         self.recipe_arg = str(self.recipe.path)  # the worker processes of a parallel materialize load this one
         ensure_dagster_home()
         from assets.definitions import build_defs
 
         self.defs = build_defs(self.recipe)
-        self.instance = open_instance()
+        self.instance = open_instance(say)
         graph = self.defs.resolve_asset_graph()
         # What can be materialized: the observed input sets (curation/<source>/inputs) are source assets.
         self.keys = sorted((k for k in self.defs.resolve_all_asset_keys() if graph.get(k).is_materializable),
@@ -178,7 +196,7 @@ class Factory:
         except Failure as exc:  # an input that cannot be listed
             raise UsageError(exc.description) from None
         if changed:
-            print(f"pretrain: new input files observed for {', '.join(changed)}", file=sys.stderr)
+            self.say(f"pretrain: new input files observed for {', '.join(changed)}")
 
     def statuses(self) -> list[tuple]:
         """[(key, "fresh" | "stale" | "missing", cause)] for every asset, in key order."""
@@ -237,16 +255,18 @@ class Factory:
             chosen.update(matches)
         return [k for k in self.keys if k in chosen]
 
-    def materialize(self, keys: list, jobs: int | None = None, refresh: bool = False) -> bool:
+    def materialize(self, keys: list, jobs: int | None = None, refresh: bool = False, report=None) -> bool:
         """Run `keys` in dependency order, each asset (each partition of the mix sweep) a Dagster run of its own
         once everything it needs from the selection is done, up to `jobs` at once (assets/runs/parallel.py). `refresh`
-        tags the runs so that what is trained once and kept is trained again (the tokenizer)."""
-        from assets.runs.parallel import default_jobs, materialize_parallel
+        tags the runs so that what is trained once and kept is trained again (the tokenizer). The runs are tagged
+        with `report`'s session and report to it (assets/runs/progress.py)."""
+        from assets.runs.parallel import SESSION_TAG, default_jobs, materialize_parallel
         from assets.tokenization.tokenizer import REFRESH_TAG
 
         self.observe_inputs()
+        tags = {**({REFRESH_TAG: "true"} if refresh else {}), **({SESSION_TAG: report.session} if report else {})}
         return materialize_parallel(self.defs, self.instance, keys, jobs=jobs or default_jobs(),
-                                    recipe_arg=self.recipe_arg, run_tags={REFRESH_TAG: "true"} if refresh else None)
+                                    recipe_arg=self.recipe_arg, run_tags=tags, report=report)
 
     @staticmethod
     def _ancestors(graph, key) -> set:
@@ -315,11 +335,23 @@ def _materialize(args) -> int:
         jobs = args.jobs or default_jobs()
     except ValueError as exc:  # a bad PRETRAIN_JOBS
         raise UsageError(str(exc)) from None
-    factory = Factory(args.recipe)
+    from assets.runs.progress import StreamReport
+
+    report = getattr(args, "report", None) or StreamReport()  # main() gives the command's (assets/runs/output.py)
+    factory = Factory(args.recipe, say=report.say)
+    report.watch(factory.instance)
+    ok = _materialize_selection(args, factory, jobs, report)
+    report.finish(ok)
+    return 0 if ok else 1
+
+
+def _materialize_selection(args, factory: Factory, jobs: int, report) -> bool:
+    """--select's assets, or with --stale those of them stale or missing until none is; False if a run failed."""
+    log = f"; the full log: {report.log}" if report.log else ""
     if not args.stale:
         keys = factory.select(args.select)
-        print(f"materializing {len(keys)} asset(s) of recipe {factory.recipe.name!r}", file=sys.stderr)
-        return 0 if factory.materialize(keys, jobs, refresh=args.refresh) else 1
+        report.say(f"pretrain: materializing {len(keys)} asset(s) of recipe {factory.recipe.name!r}{log}")
+        return factory.materialize(keys, jobs, refresh=args.refresh, report=report)
 
     # Dagster shows staleness one step at a time (a child turns stale only after its parent is
     # re-materialized), so loop until nothing in the selection is stale or missing.
@@ -335,15 +367,17 @@ def _materialize(args) -> int:
         pending = set(todo)
         todo = [key for key in todo if not (factory._ancestors(graph, key) & pending)]
         if any(key in done for key in todo):
-            print(f"pretrain: still stale after materializing: {', '.join(k.to_user_string() for k in todo)}", file=sys.stderr)
-            return 1
-        print(f"materializing {len(todo)} stale or missing asset(s): {', '.join(k.to_user_string() for k in todo)}", file=sys.stderr)
-        if not factory.materialize(todo, jobs, refresh=args.refresh):
-            return 1
+            report.say(f"pretrain: still stale after materializing: {', '.join(k.to_user_string() for k in todo)}")
+            return False
+        report.say(f"pretrain: materializing {len(todo)} stale or missing asset(s): "
+                   f"{', '.join(k.to_user_string() for k in todo)}{log}")
+        log = ""
+        if not factory.materialize(todo, jobs, refresh=args.refresh, report=report):
+            return False
         done += todo
     if not done:
-        print("nothing is stale", file=sys.stderr)
-    return 0
+        report.say("pretrain: nothing is stale")
+    return True
 
 
 def _status(args) -> int:
@@ -360,6 +394,12 @@ def _status(args) -> int:
             left_out = f"; left out {r['excluded']} ({r['why']})" if r.get("excluded") else ""
             print(f"{'training/' + job['stage']:<{width}}  {'restart':<7}  after attempt {r['attempt']} at "
                   f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r['time']))}: {r['reason']}{left_out}")
+    # Each filter ablation's verdict, one line per arm (assets/curation/ablation.py), from its latest materialization.
+    for key in (k for k in factory.keys if k.path[-1] == "ablation"):
+        event = factory.instance.get_latest_materialization_event(key)
+        entry = event.asset_materialization.metadata.get("verdict_text") if event else None
+        for line in entry.value.splitlines() if entry else []:
+            print(f"{key.to_user_string():<{width}}  {'verdict':<7}  {line}")
     return 0
 
 

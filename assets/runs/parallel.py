@@ -29,27 +29,24 @@ The cost: a run per asset adds ~0.3-1 s of instance writes (SQLite) each. `make 
 two jobs against 6:32 with one (AVX2-only kernels, fp32), 4:35 where bf16 is native.
 
 A failed run fails the command, naming the asset, its run and the error; as within one Dagster run, what
-depends on it does not run, everything else does. Progress: a line per run started and finished
-(`pretrain: [3/38] done curation/web/filtered in 6.1 s (run 1a2b3c4d): 363 documents of 1,171`, the figures
-from the asset's metadata: assets/runs/figures.py), and Dagster's log lines (each names its run id and step) as before.
+depends on it does not run, everything else does. Progress goes to a report (assets/runs/progress.py): a line per
+run finished (`pretrain: [3/38] done curation/web/filtered in 6.1 s (run 1a2b3c4d): 363 documents of 1,171`, the
+figures from the asset's metadata: assets/runs/figures.py), the counts for the live line, and each run's id when it
+starts (the scheduler chooses it), by which the report follows the run wherever it executes. Where the runs
+execute: assets/runs/runners.py.
 """
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
 import os
 import signal
-import sys
 import threading
 import time
-import traceback
 import uuid
 from dataclasses import dataclass
-from multiprocessing.connection import wait
 
-from assets.runs.dead import owner_tags
-from assets.runs.figures import key_figures
+from assets.runs.progress import StreamReport
+from assets.runs.runners import InProcessRunner, Outcome, PoolRunner, Task
 
 JOBS_ENV = "PRETRAIN_JOBS"
 THREADS_ENV = "OMP_NUM_THREADS"
@@ -79,25 +76,6 @@ def default_jobs() -> int:
 
 
 @dataclass
-class Task:
-    key: object  # AssetKey
-    partition: str | None = None
-    started: bool = False
-
-    @property
-    def name(self) -> str:
-        return self.key.to_user_string() + (f"[{self.partition}]" if self.partition is not None else "")
-
-
-@dataclass
-class Outcome:
-    success: bool
-    run_id: str | None = None
-    error: str = ""
-    figures: str = ""  # what the run made, in a few words (assets/runs/figures.py)
-
-
-@dataclass
 class _Asset:
     """One selected asset in the scheduler: its selected ancestors, and its tasks once it is ready."""
 
@@ -108,9 +86,11 @@ class _Asset:
 
 
 def materialize_parallel(defs, instance, keys: list, jobs: int, recipe_arg: str | None,
-                         run_tags: dict | None = None) -> bool:
+                         run_tags: dict | None = None, report=None) -> bool:
     """Materialize `keys` in dependency order, up to `jobs` runs at once, each run tagged with `run_tags` too
-    (`--refresh`). False (reported on stderr) if one failed."""
+    (`--refresh`; a SESSION_TAG there names the command, else a new one does). False if one failed. Progress and
+    failures go to `report` (assets/runs/progress.py; by default every line to stderr)."""
+    report = report or StreamReport()
     graph = defs.resolve_asset_graph()
     ancestors = _ancestors_in(graph, set(keys))
     descendants = {k: {d for d in keys if k in ancestors[d]} for k in keys}
@@ -137,17 +117,21 @@ def materialize_parallel(defs, instance, keys: list, jobs: int, recipe_arg: str 
     jobs = max(1, jobs)
     threads_each = str(max(1, cpu_count() // jobs))
     user_threads = os.environ.get(THREADS_ENV)
-    tags = {**(run_tags or {}), SESSION_TAG: uuid.uuid4().hex[:12]}
+    tags = {SESSION_TAG: uuid.uuid4().hex[:12], **(run_tags or {})}
 
     done: set = set()
     failed: set = set()  # keys with a failed run (or no partitions): what depends on them never starts
     running: dict[int, Task] = {}  # worker slot -> its task
     began: dict[int, float] = {}  # worker slot -> when its task was given out
+    run_ids: dict[int, str] = {}  # worker slot -> the run id its task was given
     failures: list[tuple[str, Outcome]] = []  # (task name, outcome)
     finished = 0
 
-    def total() -> str:
-        return "?" if any(a.tasks is None for a in assets.values()) else str(sum(len(a.tasks) for a in assets.values()))
+    def total() -> int | None:
+        return None if any(a.tasks is None for a in assets.values()) else sum(len(a.tasks) for a in assets.values())
+
+    def count(n: int) -> str:
+        return f"[{n}/{total() if total() is not None else '?'}]"
 
     def expand(asset: _Asset) -> None:
         node = graph.get(asset.key)
@@ -169,17 +153,19 @@ def materialize_parallel(defs, instance, keys: list, jobs: int, recipe_arg: str 
                    and (other.tasks is None or any(not t.started and t is not task for t in other.tasks))
                    for other in assets.values())
 
-    runner = (_PoolRunner(jobs, recipe_arg) if jobs > 1 and can_overlap
-              else _InProcessRunner(defs.resolve_implicit_global_asset_job_def(), instance))
+    console = report.console_events  # Dagster's events on stderr, or written by the report (assets/runs/runners.py)
+    runner = (PoolRunner(jobs, recipe_arg, console) if jobs > 1 and can_overlap
+              else InProcessRunner(defs.resolve_implicit_global_asset_job_def(), instance, console))
     previous_term = None
-    if isinstance(runner, _PoolRunner) and threading.current_thread() is threading.main_thread():
+    if isinstance(runner, PoolRunner) and threading.current_thread() is threading.main_thread():
         previous_term = signal.signal(signal.SIGTERM, _interrupt)  # `kill PID` stops the runs like a Ctrl-C
     try:
         try:
             runner.start()
         except RuntimeError as exc:  # a worker could not load the code location
-            print(f"pretrain: {exc}", file=sys.stderr)
+            report.say(f"pretrain: {exc}")
             return False
+        report.counts(0, total())
         while True:
             ready = sorted((a for a in assets.values() if a.key not in done and a.needs <= done), key=priority)
             for asset in ready:
@@ -191,14 +177,15 @@ def materialize_parallel(defs, instance, keys: list, jobs: int, recipe_arg: str 
                     break
                 env = {THREADS_ENV: threads_each} if user_threads is None and jobs > 1 and may_overlap(task) else {}
                 task.started = True
-                running[slot], began[slot] = task, time.monotonic()
+                running[slot], began[slot], run_ids[slot] = task, time.monotonic(), str(uuid.uuid4())
                 threads = f" ({THREADS_ENV}={threads_each}: it shares the CPUs)" if env else ""
-                _progress(f"[{finished + len(running)}/{total()}] started  {task.name}{threads}")
-                runner.submit(slot, task, env, {**tags, THREADS_TAG: env[THREADS_ENV]} if env else tags)
+                report.run_started(run_ids[slot], task.name,
+                                   f"pretrain: {count(finished + len(running))} started  {task.name}{threads}")
+                runner.submit(slot, task, env, {**tags, THREADS_TAG: env[THREADS_ENV]} if env else tags, run_ids[slot])
             if not running:
                 break
             slot, outcome = runner.next_result()
-            task, seconds = running.pop(slot), time.monotonic() - began.pop(slot)
+            task, seconds, run_id = running.pop(slot), time.monotonic() - began.pop(slot), run_ids.pop(slot)
             finished += 1
             run = f"run {outcome.run_id[:8]}" if outcome.run_id else "no run"
             took[task.key] = max(took.get(task.key, 0.0), seconds)
@@ -207,18 +194,19 @@ def materialize_parallel(defs, instance, keys: list, jobs: int, recipe_arg: str 
                 if assets[task.key].left == 0:
                     done.add(task.key)
                 figures = f": {outcome.figures}" if outcome.figures else ""
-                _progress(f"[{finished}/{total()}] done     {task.name} in {seconds:.1f} s ({run}){figures}")
+                report.run_ended(run_id, f"pretrain: {count(finished)} done     {task.name} in {seconds:.1f} s ({run})"
+                                         f"{figures}")
             else:
                 # Like a step failure within one Dagster run: what depends on it is skipped, the rest goes on.
                 failed.add(task.key)
                 failures.append((task.name, outcome))
-                _progress(f"[{finished}/{total()}] FAILED   {task.name} after {seconds:.1f} s ({run}); "
-                          "what depends on it will not run")
+                report.run_ended(run_id, f"pretrain: {count(finished)} FAILED   {task.name} after {seconds:.1f} s "
+                                         f"({run}); what depends on it will not run")
+            report.counts(finished, total())
     except KeyboardInterrupt:
         # The workers run in their own process group (a Ctrl-C reaches only this process): each running run
         # is interrupted once, through Dagster, which stops its trainer (resources/launcher.py) and fails the run.
-        print(f"pretrain: interrupted; stopping {', '.join(t.name for t in running.values()) or 'nothing'}",
-              file=sys.stderr)
+        report.say(f"pretrain: interrupted; stopping {', '.join(t.name for t in running.values()) or 'nothing'}")
         runner.interrupt()
         return False
     finally:
@@ -228,19 +216,15 @@ def materialize_parallel(defs, instance, keys: list, jobs: int, recipe_arg: str 
 
     for name, outcome in failures:
         run = f" (Dagster run {outcome.run_id})" if outcome.run_id else ""
-        print(f"pretrain: {name} failed{run}: {outcome.error}", file=sys.stderr)
+        report.say(f"pretrain: {name} failed{run}: {outcome.error}")
     left = [k.to_user_string() for k in keys if k not in done and k not in failed]
     if left:
-        print(f"pretrain: not materialized because of the failure: {', '.join(left)}", file=sys.stderr)
+        report.say(f"pretrain: not materialized because of the failure: {', '.join(left)}")
     return not failures
 
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
-
-
-def _progress(line: str) -> None:
-    print(f"pretrain: {line}", file=sys.stderr, flush=True)
 
 
 def _ancestors_in(graph, selected: set) -> dict:
@@ -260,190 +244,3 @@ def _ancestors_in(graph, selected: set) -> dict:
         return memo[key]
 
     return {k: ancestors(k) & selected - {k} for k in selected}
-
-
-def run_task(job, instance, task: Task, env: dict, tags: dict) -> Outcome:
-    """One Dagster run materializing `task` in this process, with `env` set while it runs; the run's tags name this
-    process, so that a later command finds the run failed if the process dies first (assets/runs/dead.py)."""
-    tags = {**tags, **owner_tags()}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        result = job.execute_in_process(instance=instance, asset_selection=[task.key], partition_key=task.partition,
-                                        raise_on_error=False, tags=tags)
-    except Exception as exc:  # before the run could start (e.g. an unknown partition): no run to look at
-        return Outcome(False, error=f"{type(exc).__name__}: {exc}")
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    if not result.success:
-        return Outcome(False, result.run_id, _failure_message(result))
-    figures = [key_figures({k: v.value for k, v in event.materialization.metadata.items()})
-               for event in result.get_asset_materialization_events()]
-    return Outcome(True, result.run_id, figures="; ".join(f for f in figures if f))
-
-
-def _failure_message(result) -> str:
-    """What went wrong in a failed run, in a line or a few: the step's Failure description or the error."""
-    messages = []
-    for event in result.all_events:
-        if event.is_step_failure:
-            data = event.step_failure_data
-            if data.user_failure_data is not None and data.user_failure_data.description:
-                messages.append(data.user_failure_data.description)
-                continue
-            error = data.error
-            while error is not None and error.cause is not None and "DagsterExecutionStepExecutionError" in (
-                    error.cls_name or ""):
-                error = error.cause
-            if error is not None:
-                messages.append(f"{error.cls_name}: {error.message.strip()}" if error.cls_name and not
-                                error.message.startswith(error.cls_name) else error.message.strip())
-        elif event.is_run_failure and not messages:
-            messages.append(event.message or "the run failed")
-    return "\n".join(messages) or "the run failed (see its log in the Dagster UI)"
-
-
-class _InProcessRunner:
-    """One run at a time, in this process: no worker to start."""
-
-    def __init__(self, job, instance):
-        self.job, self.instance, self.pending = job, instance, None
-
-    def start(self):
-        pass
-
-    def free_slot(self):
-        return None if self.pending else 0
-
-    def submit(self, slot, task, env, tags):
-        self.pending = (task, env, tags)
-
-    def next_result(self):
-        task, env, tags = self.pending
-        self.pending = None
-        return 0, run_task(self.job, self.instance, task, env, tags)
-
-    def interrupt(self):
-        pass
-
-    def close(self):
-        pass
-
-
-class _PoolRunner:
-    """`jobs` worker processes, each with the code location loaded once, each running one task at a time."""
-
-    def __init__(self, jobs: int, recipe_arg: str | None):
-        self.jobs, self.recipe_arg = jobs, recipe_arg
-        self.workers: list = []  # [(process, connection)]
-        self.busy: dict[int, Task] = {}
-        self.dead: set[int] = set()  # slots whose worker died: given no more tasks
-
-    def start(self):
-        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: this environment, no inherited state
-        for _ in range(self.jobs):
-            mine, theirs = ctx.Pipe()
-            process = ctx.Process(target=_worker, args=(theirs, self.recipe_arg), name="pretrain-worker", daemon=False)
-            process.start()
-            theirs.close()
-            self.workers.append((process, mine))
-        # Every worker ready before the first task: tasks given out together then also start together.
-        for process, conn in self.workers:
-            try:
-                message = conn.recv()
-            except EOFError:
-                raise RuntimeError(f"a worker process (pid {process.pid}) exited at start") from None
-            if message[0] != "ready":
-                raise RuntimeError(f"a worker process could not load the code location:\n{message[1]}")
-
-    def free_slot(self):
-        return next((i for i in range(len(self.workers)) if i not in self.busy and i not in self.dead), None)
-
-    def submit(self, slot, task, env, tags):
-        self.busy[slot] = task
-        self.workers[slot][1].send((task.key.to_user_string(), task.partition, env, tags))
-
-    def next_result(self):
-        conns = {self.workers[slot][1]: slot for slot in self.busy}
-        sentinels = {self.workers[slot][0].sentinel: slot for slot in self.busy}
-        ready = wait([*conns, *sentinels])
-        for item in ready:
-            if item in conns:
-                slot = conns[item]
-                try:
-                    outcome = item.recv()
-                except EOFError:
-                    outcome = None
-                if outcome is not None:
-                    del self.busy[slot]
-                    return slot, outcome
-        # A worker that died (killed, out of memory) before answering: its task failed.
-        slot = next(s for item, s in {**conns, **sentinels}.items() if item in ready)
-        process = self.workers[slot][0]
-        process.join(5)
-        self.dead.add(slot)
-        task = self.busy.pop(slot)
-        return slot, Outcome(False, error=f"the worker process (pid {process.pid}) running {task.name} died "
-                                          f"(exit status {process.exitcode}); its Dagster run may be left unfinished")
-
-    def interrupt(self, grace: float = 60.0):
-        """SIGINT to every busy worker, then wait (up to `grace` s) for their runs to end as interrupted."""
-        for slot in self.busy:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.workers[slot][0].pid, signal.SIGINT)
-        deadline = time.time() + grace
-        while self.busy and time.time() < deadline:
-            conns = {self.workers[slot][1]: slot for slot in self.busy}
-            for conn in wait(list(conns), timeout=max(0.0, deadline - time.time())):
-                with contextlib.suppress(EOFError, OSError):
-                    conn.recv()
-                self.busy.pop(conns[conn], None)
-
-    def close(self):
-        for process, conn in self.workers:
-            try:
-                conn.send(None)
-            except (OSError, ValueError):
-                pass
-        deadline = time.time() + 30
-        for process, conn in self.workers:
-            process.join(max(0.1, deadline - time.time()))
-            if process.is_alive():
-                process.terminate()
-                process.join(5)
-            conn.close()
-
-
-def _worker(conn, recipe_arg):
-    """A worker process: load the recipe's Definitions once, then run the tasks it is sent."""
-    os.setpgrp()  # a terminal's Ctrl-C goes to the parent alone, which interrupts each run once (interrupt())
-    try:
-        if recipe_arg:  # what `--recipe` named: assets.definitions loads it at import, as workspace.yaml would
-            os.environ["PRETRAIN_RECIPE"] = recipe_arg
-        from dagster import AssetKey, DagsterInstance
-
-        from assets.definitions import defs
-
-        job = defs.resolve_implicit_global_asset_job_def()
-        instance = DagsterInstance.get()
-    except BaseException:
-        conn.send(("error", traceback.format_exc()))
-        return
-    conn.send(("ready", os.getpid()))
-    try:
-        while True:
-            message = conn.recv()
-            if message is None:
-                break
-            key, partition, env, tags = message
-            try:
-                outcome = run_task(job, instance, Task(AssetKey.from_user_string(key), partition), env, tags)
-            except Exception as exc:
-                outcome = Outcome(False, error=f"{type(exc).__name__}: {exc}")
-            conn.send(outcome)
-    except (EOFError, KeyboardInterrupt):
-        pass
