@@ -131,7 +131,10 @@ def test_on_a_terminal_a_line_per_asset_a_live_line_and_the_rest_in_the_log_file
     assert os.path.dirname(path) == str(curated_home / "logs") and len(runs) == count
     log = open(path).read()
     for run in runs:
-        written = re.findall(rf"^\S+ \S+ \S+ - dagster - (\w+) - __ASSET_JOB - {run.run_id} - (.*)$", log, re.M)
+        # Not anchored at a line's start: a line of another process may have been half written (tqdm's, which ends
+        # its updates with a carriage return), and an event line then follows it on the same line.
+        written = re.findall(rf"\d\d:\d\d:\d\d [+-]\d{{4}} - dagster - (\w+) - __ASSET_JOB - {run.run_id} - (.*)$", log,
+                             re.M)
         events = instance.all_logs(run.run_id)
         assert len(written) == len(events), run.run_id
         for (level, line), event in zip(written, events):
