@@ -140,6 +140,20 @@ class QualityModelConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SampleConfig:
+    """Keep a seeded `rate` of the documents, chosen by a hash of their id: the same documents whatever the task
+    count or the run. A subsample for a smaller run, and the control of an ablation (a step that drops documents at
+    random should make no difference beyond noise: assets/curation/ablation.py)."""
+
+    rate: float
+    seed: int = 0
+
+    def __post_init__(self):
+        if not 0.0 < self.rate <= 1.0:
+            raise ValueError(f"sample.rate must be within (0, 1], got {self.rate}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class PiiConfig:
     """Which PII kinds pipelines/filters/pii.py replaces, by group; each placeholder is <KIND>."""
 
@@ -236,6 +250,7 @@ class ReferenceConfig:
 class FilterConfig:
     """A source's filter settings (recipe: `sources[].filter`). Steps left out (None) do not run."""
 
+    sample: SampleConfig | None = None
     url: UrlFilterConfig | None = None
     language: LanguageConfig | None = None
     gopher_repetition: GopherRepetitionConfig | None = None
@@ -261,6 +276,6 @@ class FilterConfig:
 # recipe does), not silently ignored: pydantic takes a stdlib dataclass's settings from __pydantic_config__.
 for _settings in (UrlFilterConfig, LanguageConfig, GopherQualityConfig, GopherRepetitionConfig, C4Config,
                   FineWebConfig, CodeConfig, QualityModelConfig, ToxicityConfig, PerplexityConfig, ReferenceConfig,
-                  PiiConfig,
+                  SampleConfig, PiiConfig,
                   FilterConfig):
     _settings.__pydantic_config__ = {"extra": "forbid"}

@@ -22,6 +22,7 @@ per-language table and a document whose language has no list skips that one rule
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -51,6 +52,7 @@ from pipelines.filters.config import (  # noqa: F401,E402  (re-exported: the set
     ToxicityConfig,
     PerplexityConfig,
     PiiConfig,
+    SampleConfig,
     FilterConfig,
 )
 from pipelines.filters.c4 import C4LineFilter
@@ -112,6 +114,20 @@ class LanguageIdFilter(LanguageFilter):
         if super().filter(doc):
             return True
         return False, "language"
+
+
+class SampleFilter(BaseFilter):
+    """Keeps a seeded `rate` of the documents by a hash of their id, so the same ones whatever the task count."""
+
+    name = "🎲 Sample"
+
+    def __init__(self, config: SampleConfig, exclusion_writer=None):
+        super().__init__(exclusion_writer)
+        self.rate, self.seed = config.rate, config.seed
+
+    def filter(self, doc: Document):
+        digest = hashlib.blake2b(f"{self.seed}\0{doc.id}".encode("utf-8", errors="surrogatepass"), digest_size=8)
+        return True if int.from_bytes(digest.digest(), "little") < self.rate * 2**64 else (False, "sample")
 
 
 class UrlBlocklistFilter(URLFilter):
@@ -232,6 +248,7 @@ class QualityModelFilter(BaseFilter):
 # filter_config's) that a filtered output's version hashes, so that editing one step's code makes stale only the
 # sources whose filter uses it (assets/curation/filtered.py). A step that is datatrove's own lists nothing here.
 STEP_CODE: dict[str, tuple[str, ...]] = {
+    "sample": ("SampleFilter",),
     "url": ("UrlBlocklistFilter", "_well_formed_url", "_read_list_files"),
     "language": ("LanguageIdFilter", "_OfflineLid176", "lid176_path"),
     "gopher_repetition": (),
@@ -270,6 +287,8 @@ def filter_steps(config: FilterConfig, *, lists_root: Path, model_path: Path | N
         return InputShardWriter(str(rejected_dir), prefix=f"rejected-{step}-")
 
     steps: list[PipelineStep] = []
+    if config.sample:  # first: what it drops costs no other step anything
+        steps.append(SampleFilter(config.sample, exclusion_writer=rejected("sample")))
     if config.url:
         steps.append(UrlBlocklistFilter(config.url, lists_root, exclusion_writer=rejected("url")))
     if config.language:

@@ -20,6 +20,7 @@ from pipelines.filters.steps import (
     GopherRepetitionConfig,
     LanguageAwareGopherQuality,
     LanguageConfig,
+    SampleConfig,
     UrlFilterConfig,
     filter_counts,
     filter_pipeline,
@@ -147,6 +148,20 @@ def test_german_pages_survive_when_the_source_lists_german(shared_data, tmp_path
     kept_en, _, counts_en = run_filters(english_only, pages + german, tmp_path / "run-en")
     assert not {d["id"] for d in kept_en if d["metadata"]["language"] == "de"}
     assert counts_en["dropped"]["gopher_enough_stop_words"] == len(german_kept)
+
+
+def test_sample_keeps_a_seeded_share_by_document_id_whatever_the_order(tmp_path):
+    docs = [{"id": f"doc-{i}", "text": f"document number {i}"} for i in range(2000)]
+    config = FilterConfig(sample=SampleConfig(rate=0.7, seed=3), pii=None)
+    kept, rejected, counts = run_filters(config, docs, tmp_path / "a")
+    assert counts["dropped"] == {"sample": len(rejected)} and len(kept) + len(rejected) == 2000
+    assert 0.66 < len(kept) / 2000 < 0.74  # a binomial share: sd 0.01
+    again, _, _ = run_filters(config, list(reversed(docs)), tmp_path / "b")
+    assert {d["id"] for d in again} == {d["id"] for d in kept}  # by id, not by position
+    other, _, _ = run_filters(FilterConfig(sample=SampleConfig(rate=0.7, seed=4), pii=None), docs, tmp_path / "c")
+    assert {d["id"] for d in other} != {d["id"] for d in kept}
+    with pytest.raises(ValueError, match="sample.rate must be within"):
+        SampleConfig(rate=0.0)
 
 
 @pytest.mark.parametrize("bad, message", [
