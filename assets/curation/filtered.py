@@ -75,6 +75,37 @@ def filter_code(config: FilterConfig) -> list[str]:
     return refs
 
 
+def run_filter(inputs: Inputs, config: FilterConfig, out_dir: Path, *, raw: Output, model: Output | None,
+               reference: Output | None, logs: str = "filter") -> dict:
+    """raw's documents through `config` (list paths resolved) on the executor into out_dir; the manifest's fields
+    ("files", "counts", "seconds", "perplexity"). The filtered asset's build; a filter ablation's arm with a step
+    left out or a setting changed runs it on the same raw output (assets/curation/ablation.py)."""
+    work = inputs.work
+    files = raw.files()  # read in place, from the store's folder or bucket: nothing is copied first
+    model_path = None
+    if config.quality_model is not None:
+        model_path = model.download(inputs.store, work / "model", pattern_prefix=MODEL_FILE)[0]
+    reference_dir = None
+    if config.perplexity is not None:
+        reference_dir = work / "reference"
+        reference.download(inputs.store, reference_dir, pattern_prefix="")
+    steps = filter_pipeline(config, input_dir=inputs.store.uri(raw.prefix), output_dir=out_dir,
+                            lists_root=Path("/"), model_path=model_path,  # list paths are absolute
+                            reference_dir=reference_dir)
+    started = time.perf_counter()
+    executor = inputs.resources.executor
+    # One task per input part by default; every part's output is named after it, so the count is free.
+    stats_path = executor.run(steps, logging_dir=work / "logs" / logs, tasks=executor.tasks_for(len(files)))
+    seconds = time.perf_counter() - started
+    counts = filter_counts(stats_path.parent)
+    written = [{"path": p.name, "records": _count_lines(p)} for p in sorted(out_dir.glob("*.jsonl.gz"))]
+    kept = sum(f["records"] for f in written if f["path"].startswith("part-"))
+    assert kept == counts["kept"], f"{kept} documents written but the writer counted {counts['kept']}"
+    scores = _perplexity_summary(out_dir) if config.perplexity is not None else None
+    return {"files": written, "counts": counts, "seconds": round(seconds, 3),
+            **({"perplexity": scores} if scores else {})}
+
+
 def filtered_asset(recipe: Recipe, source: SourceConfig):
     key = filtered_key(source.name)
     uses_model = source.filter.quality_model is not None
@@ -86,31 +117,8 @@ def filtered_asset(recipe: Recipe, source: SourceConfig):
              **({"reference": REFERENCE_KEY} if uses_reference else {})}
 
     def build(inputs: Inputs, out_dir: Path) -> dict:
-        work = inputs.work
-        raw = inputs.outputs["documents"]
-        files = raw.files()  # read in place, from the store's folder or bucket: nothing is copied first
-        model_path = None
-        if uses_model:
-            model_path = inputs.outputs["model"].download(inputs.store, work / "model", pattern_prefix=MODEL_FILE)[0]
-        reference_dir = None
-        if uses_reference:
-            reference_dir = work / "reference"
-            inputs.outputs["reference"].download(inputs.store, reference_dir, pattern_prefix="")
-        steps = filter_pipeline(resolved, input_dir=inputs.store.uri(raw.prefix), output_dir=out_dir,
-                                lists_root=Path("/"), model_path=model_path,  # list paths are absolute
-                                reference_dir=reference_dir)
-        started = time.perf_counter()
-        executor = inputs.resources.executor
-        # One task per input part by default; every part's output is named after it, so the count is free.
-        stats_path = executor.run(steps, logging_dir=work / "logs" / "filter", tasks=executor.tasks_for(len(files)))
-        seconds = time.perf_counter() - started
-        counts = filter_counts(stats_path.parent)
-        written = [{"path": p.name, "records": _count_lines(p)} for p in sorted(out_dir.glob("*.jsonl.gz"))]
-        kept = sum(f["records"] for f in written if f["path"].startswith("part-"))
-        assert kept == counts["kept"], f"{kept} documents written but the writer counted {counts['kept']}"
-        scores = _perplexity_summary(out_dir) if uses_reference else None
-        return {"files": written, "counts": counts, "seconds": round(seconds, 3),
-                **({"perplexity": scores} if scores else {})}
+        return run_filter(inputs, resolved, out_dir, raw=inputs.outputs["documents"],
+                          model=inputs.outputs.get("model"), reference=inputs.outputs.get("reference"))
 
     def checks(inputs: Inputs, output: Output) -> list:
         return [documents_check(inputs.store, {source.name: output.files()}, {source.name: source.filter},

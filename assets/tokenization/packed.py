@@ -21,6 +21,7 @@ from assets.tokenization.tokenizer import TOKENIZER_FILE, tokenizer_key
 from pipelines.tokenization.pack import PackIndex, PackShards, shard_name, split_counts
 from pipelines.runner import stat_totals
 from pipelines.tokenization.packed_format import INDEX_FILE
+from pipelines.tokenization.tokenizer import PackingConfig
 
 # Settings that change how the work is done but never its output (packing is batch-size independent).
 PACKING_FIELDS_NOT_VERSIONED = ("batch_documents", "batch_bytes")
@@ -37,33 +38,41 @@ def packed_section(recipe: Recipe, source_name: str) -> dict:
     return {"source": source_name, "packing": settings}
 
 
+def pack_parts(inputs: Inputs, keys: list[str], tokenizer: Output, out_dir: Path, *, name: str,
+               config: PackingConfig) -> dict:
+    """Pack the document parts at store `keys` (read by the executor's tasks, part by part) with the tokenizer
+    into out_dir, index them, and return the manifest's fields ("tokenizer", "packing", "counts"). The packed
+    asset's build; the filter ablations pack their arms' documents the same way (assets/curation/ablation.py)."""
+    info = tokenizer.manifest["tokenizer"]
+    [tokenizer_file] = tokenizer.download(inputs.store, inputs.work / "tokenizer", TOKENIZER_FILE)
+    vocab_size = Tokenizer.from_file(str(tokenizer_file)).get_vocab_size(with_added_tokens=True)
+    executor = inputs.resources.executor
+    tasks = executor.tasks_for(len(keys))
+    inputs.log.info(f"packing {len(keys)} part(s) of {name} in {tasks} task(s)")
+    pack = PackShards(store=inputs.store, keys=keys, tokenizer_file=str(tokenizer_file), eos_id=info["eos_id"],
+                      config=config, output_dir=str(out_dir))
+    logs = inputs.work / "logs" / name
+    try:
+        stats_path = executor.run([pack], logging_dir=logs / "pack", tasks=tasks)
+    except ValueError as exc:
+        raise ValueError(f"source {name!r}: {exc}") from exc
+    index_step = PackIndex(output_dir=str(out_dir), shards=[shard_name(k) for k in keys], vocab_size=vocab_size,
+                           eos_id=info["eos_id"])
+    executor.run([index_step], logging_dir=logs / "index", tasks=1)
+    index = json.loads((out_dir / INDEX_FILE).read_text())
+    counts = split_counts(stat_totals(stats_path, step=PackShards.name))
+    for split, split_info in index["splits"].items():  # every document the tasks counted is in the index
+        assert counts[split] == {"tokens": split_info["tokens"], "documents": split_info["documents"]}, (split, counts)
+    return {"tokenizer": {"sha256": info["sha256"], "vocab_size": info["vocab_size"]},
+            "packing": index, "counts": counts}
+
+
 def packed_asset(recipe: Recipe, source_name: str, upstream_key: Callable[[str], AssetKey]):
     documents_key = upstream_key(source_name)
 
     def build(inputs: Inputs, out_dir: Path) -> dict:
-        tokenizer = inputs.outputs["tokenizer"]
-        info = tokenizer.manifest["tokenizer"]
-        [tokenizer_file] = tokenizer.download(inputs.store, inputs.work / "tokenizer", TOKENIZER_FILE)
-        vocab_size = Tokenizer.from_file(str(tokenizer_file)).get_vocab_size(with_added_tokens=True)
-        keys = inputs.outputs["documents"].files()  # read from the store by the tasks, part by part
-        executor = inputs.resources.executor
-        tasks = executor.tasks_for(len(keys))
-        inputs.log.info(f"packing {len(keys)} part(s) of {source_name} in {tasks} task(s)")
-        pack = PackShards(store=inputs.store, keys=keys, tokenizer_file=str(tokenizer_file), eos_id=info["eos_id"],
-                          config=recipe.packing, output_dir=str(out_dir))
-        try:
-            stats_path = executor.run([pack], logging_dir=inputs.work / "logs" / "pack", tasks=tasks)
-        except ValueError as exc:
-            raise ValueError(f"source {source_name!r}: {exc}") from exc
-        index_step = PackIndex(output_dir=str(out_dir), shards=[shard_name(k) for k in keys], vocab_size=vocab_size,
-                               eos_id=info["eos_id"])
-        executor.run([index_step], logging_dir=inputs.work / "logs" / "index", tasks=1)
-        index = json.loads((out_dir / INDEX_FILE).read_text())
-        counts = split_counts(stat_totals(stats_path, step=PackShards.name))
-        for split, split_info in index["splits"].items():  # every document the tasks counted is in the index
-            assert counts[split] == {"tokens": split_info["tokens"], "documents": split_info["documents"]}, (split, counts)
-        return {"tokenizer": {"sha256": info["sha256"], "vocab_size": info["vocab_size"]},
-                "packing": index, "counts": counts}
+        return pack_parts(inputs, inputs.outputs["documents"].files(), inputs.outputs["tokenizer"], out_dir,
+                          name=source_name, config=recipe.packing)
 
     def metadata(inputs: Inputs, output: Output) -> dict:
         counts = output.manifest["counts"]
