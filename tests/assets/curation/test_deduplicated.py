@@ -28,7 +28,7 @@ def write_recipe(path, mirror_file, mutate=lambda raw: None):
     # Two benchmark files keep the index small; the demo's list is exercised by the engine tests.
     raw["decontamination"]["benchmarks"] = ["benchmarks/gsm8k_test.jsonl", "benchmarks/HumanEval.jsonl.gz"]
     raw.pop("quality_classifier", None)  # trained on the demo's `web` source, which this copy leaves out
-    for section in ("mixing", "training"):  # they name the demo's sources
+    for section in ("mixing", "training", "ablation"):  # they name the demo's sources
         raw.pop(section, None)
     mutate(raw)
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -192,7 +192,8 @@ def test_a_killed_dedup_materialized_again_runs_only_the_unfinished_tasks(tmp_pa
     monkeypatch.setattr(DedupRemoval, "_unit", dying)
     assert main(["materialize", "--jobs", "1", "--select", "curation/deduplicated"]) != 0
     capfd.readouterr()
-    assert main(["materialize", "--jobs", "1", "--select", "curation/deduplicated"]) == 0
+    # --verbose: the executor's own lines stream to the terminal (without it they go to the command's log file).
+    assert main(["materialize", "--verbose", "--jobs", "1", "--select", "curation/deduplicated"]) == 0
     err = capfd.readouterr().err
     # The executor skipped every completed task: the first three phases whole, two of the four removal tasks.
     for phase in ("signatures", "buckets", "clusters"):
