@@ -10,9 +10,11 @@ The recipe in force is chosen by `--recipe` (CLI) or `PRETRAIN_RECIPE`, default 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import posixpath
 import re
+import typing
 from pathlib import Path
 from typing import Literal
 
@@ -20,7 +22,7 @@ import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from assets.stages import EvaluationSection, MixingSection, TrainingSection
+from assets.stages import AblationSection, EvaluationSection, MixingSection, TrainingSection
 from pipelines.decontam.index import DecontamConfig
 from pipelines.dedup.minhash import DedupConfig
 from pipelines.filters.config import FilterConfig, ReferenceConfig
@@ -107,6 +109,7 @@ class Recipe(BaseModel):
     mixing: MixingSection | None = None  # the proxy-model mix sweep (assets/stages.py)
     training: TrainingSection | None = None  # main, long-context stages, anneal (assets/stages.py)
     evaluation: EvaluationSection = EvaluationSection()  # what each stage's final checkpoint is measured on
+    ablation: AblationSection | None = None  # filter ablations: proxy runs on raw and curated text (assets/stages.py)
     checks: ChecksConfig = ChecksConfig()  # how the documents checks read outputs (not in any code version)
 
     # Set by load_recipe, not by the YAML: where the recipe came from, to resolve relative inputs.
@@ -122,7 +125,7 @@ class Recipe(BaseModel):
             seen.add(source.name)
         return sources
 
-    @field_validator("quality_classifier", "mixing", "training")
+    @field_validator("quality_classifier", "mixing", "training", "ablation")
     @classmethod
     def _names_only_its_sources(cls, section, info):
         """Every field that names sources names the recipe's own (`sources` is validated before these)."""
@@ -152,6 +155,43 @@ class Recipe(BaseModel):
                     raise ValueError(f"reference.val_files: {name!r} is also in reference.train_files")
                 if norm(name) in others:
                     raise ValueError(f"{field}: {name!r} is also in {others[norm(name)]}")
+        return self
+
+    @model_validator(mode="after")
+    def _ablation_has_what_it_needs(self):
+        """An ablation trains proxies (training.main), scores them on reference.val_files, and names filter steps
+        that exist."""
+        if self.ablation is None:
+            return self
+        if self.training is None:
+            raise ValueError("ablation: the arms train the proxy model, which is training.main with ablation.proxy "
+                             "over it: give the recipe a `training` section")
+        if self.reference is None or not self.reference.val_files:
+            raise ValueError("ablation: the arms are scored on reference.val_files, text no filter was trained on: "
+                             "give the recipe a `reference` section with val_files")
+        steps = _filter_steps()
+        named = self.ablation.leave_one_out if isinstance(self.ablation.leave_one_out, list) else []
+        for step in named:
+            if step not in steps:
+                raise ValueError(f"ablation.leave_one_out: {step!r} is not a filter step; the steps are "
+                                 f"{known_names(steps, limit=20)}")
+        if self.ablation.sweep is not None:
+            step, _, name = self.ablation.sweep.setting.partition(".")
+            if step not in steps:
+                raise ValueError(f"ablation.sweep.setting: {step!r} is not a filter step; the steps are "
+                                 f"{known_names(steps, limit=20)}")
+            fields = [f.name for f in dataclasses.fields(steps[step])]
+            if name not in fields:
+                raise ValueError(f"ablation.sweep.setting: {step} has no setting {name!r}; it has {known_names(fields)}")
+            judged = [getattr(self.source(s).filter, step) for s in self.ablation.sources]
+            if all(settings is None for settings in judged):
+                raise ValueError(f"ablation.sweep.setting: no source of ablation.sources sets filter.{step}")
+            for i, value in enumerate(self.ablation.sweep.values):
+                for settings in (s for s in judged if s is not None):
+                    try:
+                        dataclasses.replace(settings, **{name: value})
+                    except (TypeError, ValueError) as exc:
+                        raise ValueError(f"ablation.sweep.values[{i}]: {exc}") from None
         return self
 
     @property
@@ -186,6 +226,8 @@ def _source_references(section_name: str, section) -> list[tuple[str, object]]:
                 ("quality_classifier.boilerplate_sources", section.boilerplate_sources)]
     if section_name == "mixing":
         return [("mixing.prior", section.prior)]
+    if section_name == "ablation":
+        return [("ablation.sources", section.sources)]
     return [(f"{where}.weights", stage.weights or {}) for where, stage in section.later()]
 
 
@@ -197,6 +239,13 @@ def _check_sources(field: str, named, info) -> None:
     if unknown:
         raise ValueError(f"{field} names {'a source' if len(unknown) == 1 else 'sources'} the recipe does not have: "
                          f"{', '.join(unknown)}; its sources are {known_names(sources)}")
+
+
+def _filter_steps() -> dict[str, type]:
+    """{filter step: its settings' dataclass}: FilterConfig's fields."""
+    hints = typing.get_type_hints(FilterConfig)
+    return {f.name: next(a for a in typing.get_args(hints[f.name]) if a is not type(None))
+            for f in dataclasses.fields(FilterConfig)}
 
 
 def recipe_path(explicit: str | os.PathLike | None = None) -> Path:

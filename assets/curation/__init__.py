@@ -7,9 +7,12 @@
     curation/<source>/filtered        filtered.py         the source's filter steps
     curation/deduplicated             deduplicated.py     across all sources
     curation/<source>/decontaminated  decontaminated.py   benchmark n-grams removed
+    curation/<source>/ablation        ablation.py         proxy runs on its raw and curated text (the `ablation` section)
     (asset checks)                    checks.py           documents_valid, no_benchmark_ngrams
+    (shared)                          ablation_report.py  an ablation's differences and verdicts
 """
 
+from assets.curation.ablation import ablation_asset
 from assets.curation.decontaminated import decontaminated_asset, decontaminated_key
 from assets.curation.deduplicated import deduplicated_asset
 from assets.curation.filtered import filtered_asset, filtered_key
@@ -20,7 +23,8 @@ from assets.recipe import Recipe
 
 
 def curation_assets(recipe: Recipe) -> list:
-    """raw_crawl -> filtered (with the quality classifier, the reference LM) -> deduplicated -> decontaminated."""
+    """raw_crawl -> filtered (with the quality classifier, the reference LM) -> deduplicated -> decontaminated; the
+    ablations of the sources the recipe names."""
     assets = [source_inputs_asset(recipe, source) for source in recipe.sources]
     assets += [raw_crawl_asset(recipe, source) for source in recipe.sources]
     if recipe.quality_classifier:
@@ -30,5 +34,7 @@ def curation_assets(recipe: Recipe) -> list:
     assets += [filtered_asset(recipe, source) for source in recipe.sources]
     assets.append(deduplicated_asset(recipe, upstream_key=filtered_key))
     assets += [decontaminated_asset(recipe, source) for source in recipe.sources]
+    if recipe.ablation:
+        assets += [ablation_asset(recipe, recipe.source(name)) for name in recipe.ablation.sources]
     return assets
 

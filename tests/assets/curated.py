@@ -32,6 +32,7 @@ def two_small_sources() -> dict:
     raw["tokenizer"] = {"vocab_size": 1024, "sample_bytes": 400000}
     raw.pop("quality_classifier", None)
     raw.pop("reference", None)  # no source here scores perplexity: without it, no reference model in the graph
+    raw.pop("ablation", None)  # it judges web's filter (tests/assets/curation/test_ablation.py judges others)
     return raw
 
 

@@ -26,7 +26,8 @@ def status_rows(capsys) -> dict[str, tuple[str, str]]:
     rows = {}
     for line in capsys.readouterr().out.splitlines():
         key, state, cause = line.split(None, 2)
-        rows[key] = (state, cause)
+        if state not in ("restart", "verdict"):  # an asset's further lines: a job's restarts, an ablation's verdict
+            rows[key] = (state, cause)
     return rows
 
 

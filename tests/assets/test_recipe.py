@@ -77,8 +77,9 @@ def many_sources(raw):
         (lambda raw: raw["training"]["anneal"]["weights"].update(wiki=1.0), "training.anneal.weights", "wiki"),
         (lambda raw: raw["training"]["long_context"][0].update(weights={"wiki": 1.0}),
          "training.long_context[0] (long_512).weights", "wiki"),
+        (lambda raw: raw["ablation"].update(sources=["web", "wiki"]), "ablation.sources", "wiki"),
     ],
-    ids=["quality-negatives", "mixing-prior", "anneal-weights", "long-context-weights"],
+    ids=["quality-negatives", "mixing-prior", "anneal-weights", "long-context-weights", "ablation-sources"],
 )
 def test_a_field_that_names_a_missing_source_is_a_recipe_error_naming_the_field(tmp_path, capsys, mutate, field,
                                                                                  missing):
@@ -89,6 +90,36 @@ def test_a_field_that_names_a_missing_source_is_a_recipe_error_naming_the_field(
     err = capsys.readouterr().err
     assert path in err and f"{field} names a source the recipe does not have: {missing}" in err, err
     assert "its sources are web" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda raw: raw.pop("reference") and [s["filter"].pop("perplexity", None) for s in raw["sources"]],
+         "ablation: the arms are scored on reference.val_files"),
+        (lambda raw: raw.pop("training") and raw.pop("mixing"), "ablation: the arms train the proxy model"),
+        (lambda raw: raw["ablation"].update(leave_one_out=["quality_modle"]),
+         "ablation.leave_one_out: 'quality_modle' is not a filter step; the steps are sample, url, language"),
+        (lambda raw: raw["ablation"].update(sweep={"setting": "quality_model.treshold", "values": [0.4]}),
+         "ablation.sweep.setting: quality_model has no setting 'treshold'; it has threshold, languages"),
+        (lambda raw: raw["ablation"].update(sweep={"setting": "code.max_line_length", "values": [100]}),
+         "ablation.sweep.setting: no source of ablation.sources sets filter.code"),
+        (lambda raw: raw["ablation"].update(sweep={"setting": "quality_model.threshold", "values": [0.4, 1.5]}),
+         "ablation.sweep.values[1]: quality_model.threshold must be within [0, 1], got 1.5"),
+        (lambda raw: raw["ablation"].update(sweep={"setting": "threshold", "values": [0.4]}),
+         "ablation.sweep.setting: Value error, give a filter step and one of its fields"),
+        (lambda raw: raw["ablation"].update(repeats=0), "ablation.repeats: Input should be greater than or equal to 1"),
+    ],
+    ids=["no-reference", "no-training", "leave-one-out-step", "sweep-field", "sweep-step-unused", "sweep-value",
+         "sweep-setting-form", "repeats"],
+)
+def test_an_ablation_section_that_cannot_run_is_a_recipe_error_naming_the_field(tmp_path, capsys, mutate, expected):
+    from assets.cli import main
+
+    path = write_recipe(tmp_path, mutate)
+    assert main(["status", "--recipe", path]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err, err
 
 
 def test_the_names_offered_are_ten_then_a_count(tmp_path):

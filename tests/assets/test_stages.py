@@ -95,7 +95,7 @@ def test_pretrain_plan_prints_every_stage_of_the_recipe(capsys, tmp_path):
     assert [line for line in out.splitlines() if line.startswith("stage ")] == [
         "stage main", "stage long_512", "stage anneal"]
     assert "T = 512" in out and "2.621e+05" in out
-    no_training = write_recipe(tmp_path, lambda raw: raw.pop("training"))
+    no_training = write_recipe(tmp_path, lambda raw: raw.pop("training") and raw.pop("ablation"))
     assert main(["plan", "--recipe", no_training]) == 2
     assert "has no training section" in capsys.readouterr().err
 

@@ -59,7 +59,7 @@ def write_recipe(path: Path, min_text_chars: int | None = None) -> None:
         raw["sources"][0]["reader"] = {"min_text_chars": min_text_chars}
     # Sections naming the demo's other sources (classifier negatives, mix priors, anneal weights) go: this test is
     # about curation, and a smaller graph loads faster.
-    for section in ("quality_classifier", "mixing", "training"):
+    for section in ("quality_classifier", "mixing", "training", "ablation"):
         raw.pop(section, None)
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
 

@@ -22,7 +22,7 @@ def write_recipe(path, max_non_alpha: float):
     raw["sources"] = [c4]
     raw["decontamination"]["benchmarks"] = ["benchmarks/gsm8k_test.jsonl"]
     raw["tokenizer"] = {"path": "tokenizers/gpt2/tokenizer.json"}
-    for section in ("quality_classifier", "mixing", "training"):
+    for section in ("quality_classifier", "mixing", "training", "ablation"):
         raw.pop(section, None)
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
 

@@ -26,7 +26,7 @@ def write_recipe(path, mutate=lambda raw: None):
     raw["sources"] = [s for s in raw["sources"] if s["name"] in SOURCES]
     raw["quality_classifier"]["negative_sources"] = ["cc"]
     raw["quality_classifier"]["boilerplate_sources"] = []  # the web pages: not among this copy's quickest sources
-    for section in ("mixing", "training"):  # they name the demo's sources; not this test's subject
+    for section in ("mixing", "training", "ablation"):  # they name the demo's sources; not this test's subject
         raw.pop(section, None)
     mutate(raw)
     # No perplexity step (the web rules' sources, one a test adds among them): its reference model trains for
