@@ -1,7 +1,8 @@
-"""Benchmark: the trainer's step against a plain GPT-style PyTorch loop of the same model and batches.
+"""Benchmark: the trainer against a plain GPT-style PyTorch loop of the same model and batches, step by step
+and over a whole run.
 
     .venv/bin/python bench/train_step.py [--steps 10] [--rounds 3] [--d-model 128] [--layers 4] [--seq 64]
-                                         [--batch 16] [--two-process] [--smoke]
+                                         [--batch 16] [--run-steps 256] [--run-rounds 3] [--two-process] [--smoke]
 
 Model: the Llama-style decoder (trainer.model.transformer), by default 4 layers, d=128, 4 heads, seq 64, 16 sequences a
 step, vocabulary the 8,192 most frequent GPT-2 tokens of tinyshakespeare (../shared/data). Every runner
@@ -17,9 +18,21 @@ bf16), one process, the same torch threads.
   with one check turned off at a time (what each costs), with ZeRO-0 (what ZeRO-1's buffers cost), and with
   activation checkpointing full and selective (the time each costs; the activation bytes autograd keeps for one
   step's backward, with and without, are printed as the memory saved).
-Steps of every runner interleave one by one (steps × rounds each) so load from other processes hits all alike;
-each figure is the median step. --two-process adds the trainer's ZeRO-1 on 2 processes (torchrun).
-Last line: `ratio: X.XX` = trainer tokens/s ÷ baseline tokens/s (target ≥ 0.90).
+Steps of every runner interleave one by one (steps × rounds each, the order reversed every round) so load from
+other processes hits all alike; each figure is the median step. The step-only ratios (trainer tokens/s ÷ baseline tokens/s) are printed for
+ZeRO-1 and ZeRO-0.
+
+The whole run: `python -m trainer --config run.json` (ZeRO-1, every check at its default interval, validation
+every RUN_EVAL_INTERVAL steps and at the end, a progress line every RUN_LOG_INTERVAL steps, TensorBoard, the final
+checkpoint) against the baseline loop run as a script of its own (this file with --baseline-run: imports, data,
+model, the same steps, the same validation at the same steps, its loss printed as often, its model and optimizer
+saved at the end), one process each, each timed from its interpreter's start to its exit. The two run side by side
+but never at once, in turns of TURN_S seconds (in_turns): load from other processes falls on both alike, as it does
+on the interleaved steps. --run-rounds pairs of runs; the figure is the median of the rounds' ratios.
+--two-process adds the trainer's ZeRO-1 on 2 processes (torchrun), against the trainer's own one process (no
+baseline runs on two).
+Last line: `ratio: X.XX` = the baseline's whole-run seconds ÷ the trainer's (target ≥ 0.95); the step-only
+ratios are the two lines before the whole run's.
 """
 
 from __future__ import annotations
@@ -34,6 +47,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import tempfile
@@ -93,22 +107,50 @@ class Baseline:
         self.source, self.next, self.batch = source, 0, batch
         self.bf16, self.doc_mask = bf16, doc_mask
 
-    def step(self):
-        b = self.source.batch(list(range(self.next, self.next + self.batch)))
-        self.next += self.batch
+    def _forward(self, b: dict):
         tokens = torch.as_tensor(b["tokens"])
         doc_ids = torch.as_tensor(b["doc_ids"])[:, :-1] if self.doc_mask else None
         positions = torch.as_tensor(b["positions"])[:, :-1] if self.doc_mask else None
         autocast = torch.autocast("cpu", dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
         with autocast:
-            loss, _ = self.model(tokens[:, :-1], tokens[:, 1:], doc_ids, positions)
+            return self.model(tokens[:, :-1], tokens[:, 1:], doc_ids, positions)
+
+    def step(self) -> torch.Tensor:
+        b = self.source.batch(list(range(self.next, self.next + self.batch)))
+        self.next += self.batch
+        loss, _ = self._forward(b)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    @torch.no_grad()
+    def validation_loss(self, source, samples: int, micro: int) -> float:
+        """The mean cross-entropy of the held-out samples 0..samples-1, as Trainer.evaluate takes it."""
+        self.model.eval()
+        total = 0.0
+        for i in range(0, samples, micro):
+            n = min(micro, samples - i)
+            _, ce = self._forward(source.batch(list(range(i, i + n))))
+            total += float(ce) * n
+        self.model.train()
+        return total / samples
 
 
 RECOMPUTE = ("full", "selective")
+# The whole run: about 30 s of the bench's model on 2 free cores, of which start-up is 3-4 s; validation and progress
+# lines as often as the demo's main stage has them (eval_interval 64, 2 batches; log_interval 16).
+RUN_STEPS = 256
+RUN_EVAL_INTERVAL = 64
+RUN_EVAL_BATCHES = 2
+RUN_LOG_INTERVAL = 16
+TURN_S = 0.25  # the whole runs take turns this long (in_turns)
+# How in_turns starts a command: the wrapper stops itself before it execs the command, so nothing of the command runs
+# before its first turn, and it dies with the bench (PR_SET_PDEATHSIG, kept across exec): a bench killed by a timeout
+# leaves no stopped run behind.
+TURN_WRAPPER = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGKILL); "
+                "os.kill(os.getpid(), signal.SIGSTOP); os.execv(sys.argv[1], sys.argv[1:])")
 
 
 def kept_activation_bytes(cfg: RunConfig, source, batch: int, bf16: bool, mode: str) -> int:
@@ -152,6 +194,115 @@ def two_process(work: Path, args) -> float:
     return max(r["tokens_per_s"] for r in records if r["event"] == "train" and r["step"] > 5)
 
 
+def whole_run_dict(out: Path, args) -> dict:
+    """The whole run both sides make: args.run_steps steps of the bench's model, validation every
+    args.run_eval_interval steps and at the end, a progress line every RUN_LOG_INTERVAL steps. The trainer's
+    checks, TensorBoard and final checkpoint stay at their defaults (on), as a run of the demo has them."""
+    return run_dict(out, args, args.run_steps * args.batch * args.seq,
+                    metrics={"log_interval": RUN_LOG_INTERVAL, "eval_interval": args.run_eval_interval,
+                             "eval_batches": RUN_EVAL_BATCHES, "tensorboard": True})
+
+
+def baseline_run(run_json: str, bf16: bool) -> None:
+    """--baseline-run: the baseline loop's whole run, in this process as a hand-written script makes it: the data, the
+    model and its optimizer, the config's steps with the loss printed every metrics.log_interval steps, validation
+    every metrics.eval_interval steps and at the end (the trainer's samples), the model and optimizer saved at the
+    end."""
+    from trainer.config import load_run_config
+    from trainer.data.text_source import TextSource, TextSourceConfig
+
+    cfg = load_run_config(run_json)
+    d, b, m = cfg.data, cfg.batch, cfg.metrics
+
+    def text(split: str) -> TextSource:
+        return TextSource(TextSourceConfig(path=d.text, tokenizer=d.tokenizer, seq_len=b.seq_len, seed=cfg.seed,
+                                           split=split, val_fraction=d.val_fraction, top_tokens=d.top_tokens))
+
+    train, val = text("train"), text("val")
+    loop = Baseline(cfg, train, batch=b.global_batch, bf16=bf16, doc_mask=False)
+    steps = cfg.train_tokens // (b.global_batch * b.seq_len)
+    for step in range(1, steps + 1):
+        loss = loop.step()
+        if step % m.log_interval == 0 or step == steps:
+            print(f"step {step} | loss {loss.item():.4f}", flush=True)
+        if m.eval_batches and (step == steps or (m.eval_interval and step % m.eval_interval == 0)):
+            held_out = loop.validation_loss(val, m.eval_batches * b.global_batch, b.micro_batch)
+            print(f"step {step} | validation {held_out:.4f}", flush=True)
+    Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
+    torch.save({"model": loop.model.state_dict(), "optimizer": loop.opt.state_dict()},
+               Path(cfg.output_dir) / "final.pt")
+
+
+def in_turns(commands: dict[str, list[str]], folder: Path) -> dict[str, float]:
+    """Run the commands side by side but never at once: in turns of TURN_S seconds, the others stopped (SIGSTOP), each
+    from its interpreter's start to its exit. Returns the seconds each one ran. On two shared cores another user's
+    job slows whatever runs while it does; in short turns it falls on every side alike, as the interleaved steps above
+    do, where runs one after the other would each meet a different load. stdout and stderr go to <name>.out/.err."""
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        for name, command in commands.items():
+            procs[name] = subprocess.Popen([sys.executable, "-c", TURN_WRAPPER, *command], cwd=REPO,
+                                           stdout=(folder / f"{name}.out").open("w"),
+                                           stderr=(folder / f"{name}.err").open("w"))
+            os.waitpid(procs[name].pid, os.WUNTRACED)
+        ran = dict.fromkeys(commands, 0.0)
+        running = list(commands)
+        while running:
+            for name in list(running):
+                proc = procs[name]
+                began = time.perf_counter()
+                os.kill(proc.pid, signal.SIGCONT)
+                try:
+                    proc.wait(timeout=TURN_S)
+                    running.remove(name)
+                except subprocess.TimeoutExpired:
+                    if not _stopped(proc):  # it ended as its turn did
+                        running.remove(name)
+                ran[name] += time.perf_counter() - began
+    finally:
+        for proc in procs.values():
+            if proc.returncode is None:  # the bench itself was stopped: no run stays behind, stopped forever
+                proc.kill()
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.wait()
+    for name, proc in procs.items():
+        if proc.returncode != 0:
+            sys.exit(f"the {name}'s whole run exited {proc.returncode}; stderr ends:\n"
+                     f"{(folder / f'{name}.err').read_text()[-3000:]}")
+    return ran
+
+
+def _stopped(proc: subprocess.Popen) -> bool:
+    """Stop the process and wait until it is; False when it exited first (its exit status is then recorded)."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    _, status = os.waitpid(proc.pid, os.WUNTRACED)
+    if os.WIFSTOPPED(status):
+        return True
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return False
+
+
+def whole_runs(work: Path, args, bf16: bool) -> dict[str, list[float]]:
+    """Each side's whole-run seconds, args.run_rounds times (in turns: in_turns)."""
+    seconds: dict[str, list[float]] = {"baseline": [], "trainer": []}
+    for round_ in range(args.run_rounds):
+        folder = work / f"whole-{round_}"
+        commands = {}
+        for side in seconds:
+            (folder / side).mkdir(parents=True)
+            run_json = folder / side / "run.json"
+            run_json.write_text(json.dumps(whole_run_dict(folder / side / "out", args)))
+            commands[side] = ([sys.executable, "-m", "trainer", "--config", str(run_json)] if side == "trainer" else
+                              [sys.executable, str(Path(__file__).resolve()), "--baseline-run", str(run_json),
+                               *(["--bf16"] if bf16 else [])])
+        # Who takes the first turn alternates (its first turn starts on a machine the other has not touched yet).
+        order = list(commands) if round_ % 2 == 0 else list(reversed(commands))
+        ran = in_turns({side: commands[side] for side in order}, folder)
+        for side, s in ran.items():
+            seconds[side].append(s)
+    return seconds
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10)
@@ -160,11 +311,19 @@ def main():
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--run-steps", type=int, default=RUN_STEPS, help="the whole run's steps")
+    parser.add_argument("--run-eval-interval", type=int, default=RUN_EVAL_INTERVAL)
+    parser.add_argument("--run-rounds", type=int, default=3, help="pairs of whole runs")
     parser.add_argument("--two-process", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="a tiny run that only shows the script works")
+    parser.add_argument("--baseline-run", metavar="RUN_JSON", help=argparse.SUPPRESS)  # the baseline's whole run
+    parser.add_argument("--bf16", action="store_true", help=argparse.SUPPRESS)  # ... autocast to bf16
     args = parser.parse_args()
+    if args.baseline_run:
+        return baseline_run(args.baseline_run, args.bf16)
     if args.smoke:
         args.steps, args.rounds, args.d_model, args.layers, args.seq, args.batch = 2, 1, 64, 1, 32, 4
+        args.run_steps, args.run_eval_interval, args.run_rounds = 4, 2, 1
 
     from trainer.train import Trainer, build_sources
 
@@ -198,11 +357,12 @@ def main():
         for _ in range(3):
             step()  # warm-up: allocator, first Adam step
     # Steps interleave one by one and each runner's figure is its median step: the 2 cores are shared,
-    # and load from elsewhere then falls on all alike.
+    # and load from elsewhere then falls on all alike. The order reverses every round: a step pays for the caches
+    # the runner before it left (a fixed order put 4-7 ms, 5%, on whichever runner followed the baselines).
     times = {name: [] for name in runners}
-    for _ in range(args.steps * args.rounds):
-        for name, step in runners.items():
-            times[name].append(step_seconds(step))
+    for round_ in range(args.steps * args.rounds):
+        for name in list(runners) if round_ % 2 == 0 else reversed(runners):
+            times[name].append(step_seconds(runners[name]))
     median = {name: statistics.median(t) for name, t in times.items()}
     rate = {name: tokens / s for name, s in median.items()}
     base = rate["baseline"]
@@ -222,13 +382,22 @@ def main():
               f"({cost / median['trainer']:+.0%})")
     if args.two_process:
         two = two_process(work, args)
-        print(f"{'trainer ZeRO-1, 2 processes':36s} {two:10,.0f} tokens/s  {two / base:5.2f}× (whole job)")
+        # Against the trainer's own one process (no baseline runs on two): what a second rank adds.
+        print(f"{'trainer ZeRO-1, 2 processes':36s} {two:10,.0f} tokens/s  {two / rate['trainer']:5.2f}× the "
+              f"trainer's one process (whole job)")
     for t in trainers.values():
         t.watchdog.close()
         t.checkpointer.close(wait=False)
         t.metrics.close()
-    print(f"ratio: {rate['trainer'] / base:.2f}")
-
+    print(f"step-only ratio, ZeRO-1 (the demo's): {rate['trainer'] / base:.2f}")
+    print(f"step-only ratio, ZeRO-0:              {rate['trainer, ZeRO-0'] / base:.2f}")
+    seconds = whole_runs(work, args, precision.bf16)
+    ratios = [b / t for b, t in zip(seconds["baseline"], seconds["trainer"])]
+    print(f"whole run: {args.run_steps} steps, validation every {args.run_eval_interval} steps and at the end, one "
+          f"process each, in turns of {TURN_S} s: baseline {statistics.median(seconds['baseline']):.2f} s, trainer "
+          f"{statistics.median(seconds['trainer']):.2f} s (medians of {args.run_rounds}); each round's ratio "
+          f"{', '.join(f'{r:.3f}' for r in ratios)}")
+    print(f"ratio: {statistics.median(ratios):.2f}")
 
 if __name__ == "__main__":
     main()

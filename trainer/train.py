@@ -313,10 +313,12 @@ class Trainer:
         # Busy time: this rank's own work (data, forward, backward outside the accumulation boundary), not
         # the time it waits for the others inside the boundary's gradient reduction: the straggler figure.
         started = time.perf_counter()
-        # The gradient probe records only when a callback reads this step's figures (SDC, health): it asks.
+        # The gradient probe records only when a callback reads this step's figures (SDC, health): it asks, and
+        # the probe's hooks are on the model for this step's backward only then.
         module.probe.start(st.step, record=False)
         for cb in self.callbacks:
             cb.pre_step(self, rec)
+        module.probe.arm()
         if module.pipeline:
             return self._pipeline_step(rec, indices, accum, started)
         for m in range(accum):

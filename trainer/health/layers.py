@@ -2,6 +2,7 @@
 
     probe = GradientProbe(model)             # tensor hooks: this rank's own gradients, before any reduction
     probe.start(step) ... forward/backward of the step's micro-batches ... probe.local_norm() / per_layer()
+    probe.start(step, record=False); ...; probe.recording = True; probe.arm()   # the loop: whoever reads asks
     health = LayerHealth(cfg.health, model)
     weights = health.start()                 # on a health step: activation hooks record the first micro-batch
     record, alarms = health.finish(step, weights, probe.per_layer())
@@ -13,6 +14,10 @@ rank's gradient of each micro-batch before the all-reduce: the figure the SDC ch
 ranks. A hook costs one norm of the gradient it sees, accumulated on the device (no sync until the
 step's one gather). A layer's gradient norm is the root of its micro-batch gradients' summed squared
 norms (exactly its gradient norm when a rank takes one micro-batch per step).
+
+Both kinds of hooks are on the model only on the steps whose figures someone reads (a health step; every step
+of an SDC check across ranks): on the others autograd calls no Python at all for them. They are put on when
+first asked, after any hook a callback put on the new model (so they see what those did to the gradients).
 
 A figure is flagged when it grew more than health.growth × over the median of its last health.history
 values and more than health.growth × the typical growth of the same figure in the other layers:
@@ -59,12 +64,10 @@ class GradientProbe:
         # accumulation ops on the backward's critical path, no sync until the step's one gather).
         self._norms: list[torch.Tensor] = []
         self._layer_of: list[int] = []
-        self.recording = True
+        self.recording = False  # whether this step's gradients are read (start(), or a callback that asks)
         self.step = 0
-        for name, p in model.named_parameters():
-            if not p.requires_grad:
-                continue
-            p.register_hook(self._record(index[layer_of(name)]))
+        self._params = [(index[layer_of(name)], p) for name, p in model.named_parameters() if p.requires_grad]
+        self._hooks: list = []  # the hooks' handles while they are on the parameters
 
     def _record(self, i: int):
         def hook(grad: torch.Tensor):
@@ -75,11 +78,23 @@ class GradientProbe:
         return hook
 
     def start(self, step: int, *, record: bool = True) -> None:
-        """A new step; `record=False` when no one reads this step's figures (one rank, not a health step):
-        the hooks then cost nothing."""
+        """A new step. `record=False`: no one has asked for its figures yet; a reader sets `recording` and the loop
+        calls arm() before the first micro-batch (until then the hooks of a step that recorded stay on, idle, so a
+        check that reads every step never takes them off and puts them back)."""
         self.step = step
         self.recording = record
         self._norms, self._layer_of = [], []
+        if record:
+            self.arm()
+
+    def arm(self) -> None:
+        """The hooks on the parameters exactly when this step records: put on when asked, taken off when not."""
+        if self.recording and not self._hooks:
+            self._hooks = [p.register_hook(self._record(i)) for i, p in self._params]
+        elif not self.recording and self._hooks:
+            for handle in self._hooks:
+                handle.remove()
+            self._hooks = []
 
     def _squares(self) -> torch.Tensor:
         """Per layer, the summed squared norms of every gradient seen this step (every micro-batch's)."""
@@ -107,8 +122,7 @@ class LayerHealth:
         self.active = False
         self.act: dict[str, float] = {}
         self.history: dict[tuple[str, str], deque[float]] = {}
-        for i, block in enumerate(model.transformer.blocks):
-            block.register_forward_hook(self._activation(f"block.{i}"))
+        self._hooks: list = []  # the activation hooks' handles, from start() to finish()
 
     def due(self, step: int) -> bool:
         return bool(self.cfg.interval) and step % self.cfg.interval == 0
@@ -141,14 +155,20 @@ class LayerHealth:
         return {layer: (total / max(n, 1)) ** 0.5 for layer, (total, n) in sums.items()}
 
     def start(self) -> dict[str, float]:
-        """At the start of a health step (before its forward): arm the activation hooks, read the weights."""
+        """At the start of a health step (before its forward): put the activation hooks on, read the weights."""
         self.active, self.act = True, {}
+        if not self._hooks:
+            self._hooks = [block.register_forward_hook(self._activation(f"block.{i}"))
+                           for i, block in enumerate(self.model.transformer.blocks)]
         return self.weight_rms()
 
     def finish(self, step: int, weights: dict[str, float], grads: dict[str, float]) -> tuple[dict, list[dict]]:
         """After the step's backward (`grads`: GradientProbe.per_layer()): the record for the metrics, and the
         figures flagged for growth."""
         self.active = False
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
         layers = {}
         for layer in self.layers:
             figures = {"weight_rms": weights.get(layer), "act_rms": self.act.get(layer), "grad_norm": grads.get(layer)}

@@ -168,18 +168,26 @@ def build_engine(model: torch.nn.Module, cfg: RunConfig, dist: Dist, *, load_uni
 
     import deepspeed
 
+    _import_deepspeed_muon_uncompiled()
+    # torch's optimizer imports TorchDynamo at its first parameter group (torch._disable_dynamo), unless Muon did.
+    optimizer = build_optimizer(model, cfg.optim)  # a pipeline stage: only its own layers' parameters
     # DeepSpeed's BF16_Optimizer calls gc.collect() six times while it builds (see_memory_usage(force=True)), each
-    # walking every object torch, dynamo and DeepSpeed created at import: 1.9 of a tiny run's 9 s on CPU. Frozen,
-    # those objects are skipped; they are long-lived anyway, and come back under the collector afterwards.
+    # walking every object torch, TorchDynamo and DeepSpeed created at import: 1.9 of a tiny run's 9 s on CPU. Frozen
+    # (after the imports above, or TorchDynamo's 0.3 s of walks stay), those objects are skipped; they are long-lived
+    # anyway, and come back under the collector afterwards.
     gc.freeze()
     try:
-        _import_deepspeed_muon_uncompiled()
-        optimizer = build_optimizer(model, cfg.optim)  # a pipeline stage: only its own layers' parameters
         engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer,
             config=deepspeed_config(cfg, dist.world_size, load_universal=load_universal))
     finally:
         gc.unfreeze()
+    if dist.world_size == 1 and cfg.deepspeed.zero_stage < 2 and not hasattr(engine.optimizer, "reduce_gradients"):
+        # Alone, DeepSpeed's gradient all-reduce at the accumulation boundary (ZeRO-0 and the bf16 optimizer's path)
+        # flattens every gradient into a buffer, scales it by 1/1, reduces it over one rank and copies it back: the
+        # same gradients, bit for bit, after 1 ms of a 100 ms step on 2 CPU cores. ZeRO-1's own optimizer
+        # (reduce_gradients) moves the gradients into its partition there, and ZeRO-2/3 partition them: those keep it.
+        engine.enable_backward_allreduce = False
     split = sharded = None
     if cfg.parallel.pipeline > 1:  # every parameter belongs to one stage
         split, sharded = engine.grid.get_pipe_parallel_group(), lambda p: True

@@ -54,3 +54,39 @@ def test_a_layer_growing_alone_is_flagged():
     assert set(record["layers"]["block.0"]) == {"weight_rms", "act_rms", "grad_norm"}
     assert {(a["layer"], a["metric"]) for a in alarms} >= {("block.1", "weight_rms")}
     assert not any(a["layer"] == "block.0" for a in alarms)
+
+
+def test_the_hooks_are_on_the_model_only_on_the_steps_whose_figures_are_read():
+    """A step no one reads the figures of calls no hook (autograd and the blocks' forward run no Python for them);
+    a check that reads every step asks again before arm(), so its hooks are not taken off and put back each step."""
+    torch.manual_seed(0)
+    model = CausalLM(TINY)
+    probe = GradientProbe(model)
+    health = LayerHealth(HealthConfig(interval=2), model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    gradient_hooks = lambda: sum(bool(p._backward_hooks) for p in params)
+    activation_hooks = lambda: sum(bool(b._forward_hooks) for b in model.transformer.blocks)
+
+    probe.start(0, record=False)
+    probe.arm()
+    assert gradient_hooks() == activation_hooks() == 0  # nothing asked: nothing on the model
+    _backward(model)
+    assert float(probe.local_norm()) == 0.0
+
+    probe.start(1, record=False)
+    probe.recording = True  # a reader asks (the health callback on a health step)
+    probe.arm()
+    weights = health.start()
+    assert gradient_hooks() == len(params) and activation_hooks() == len(model.transformer.blocks)
+    _backward(model)
+    record, _ = health.finish(1, weights, probe.per_layer())
+    assert activation_hooks() == 0 and all(record["layers"][f"block.{i}"]["act_rms"] > 0 for i in range(2))
+
+    probe.start(2, record=False)
+    assert gradient_hooks() == len(params)  # kept until arm(): a reader may ask again for this step
+    probe.recording = True
+    probe.arm()
+    assert gradient_hooks() == len(params)
+    probe.start(3, record=False)
+    probe.arm()
+    assert gradient_hooks() == 0

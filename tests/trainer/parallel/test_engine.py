@@ -65,6 +65,28 @@ def test_zero0_bf16_reduces_in_fp32_and_fp32_runs_keep_deepspeeds_defaults(tmp_p
     assert "data_types" not in deepspeed_config(_cfg(tmp_path, deepspeed={"zero_stage": 1, "bf16": False}), 1)
 
 
+@pytest.mark.slow  # two trainers of three steps each per case
+@pytest.mark.parametrize("stage, bf16, skipped", [(0, False, True), (1, True, True), (1, False, False)])
+def test_alone_the_gradient_all_reduce_is_skipped_where_it_only_communicates_and_nothing_changes(tmp_path, stage, bf16,
+                                                                                                 skipped):
+    """One rank: ZeRO-0's and the bf16 optimizer's all-reduce (flatten, scale by 1/1, reduce over one rank, copy back) is
+    skipped, bit for bit the same steps (accumulation over 4 micro-batches included); ZeRO-1's own optimizer moves the
+    gradients into its partition there and keeps it."""
+    from trainer.train import Trainer
+
+    runs = []
+    for forced in (False, True):
+        trainer = Trainer(_cfg(tmp_path / str(forced), deepspeed={"zero_stage": stage, "bf16": bf16},
+                               checkpoint={"save_final": False}))
+        assert trainer.engine.enable_backward_allreduce is not skipped
+        if forced:
+            trainer.engine.enable_backward_allreduce = True  # what DeepSpeed does by itself
+        losses = [trainer.step().loss for _ in range(3)]
+        runs.append((losses, torch.cat([p.detach().float().flatten() for p in trainer.model.parameters()])))
+        trainer.close()
+    assert runs[0][0] == runs[1][0] and torch.equal(runs[0][1], runs[1][1])
+
+
 @pytest.mark.slow  # a DeepSpeed engine, one step and a checkpoint
 def test_the_fp32_weights_of_a_bf16_zero1_checkpoint_are_its_master_weights(tmp_path):
     from deepspeed.utils import safe_get_full_fp32_param
