@@ -133,13 +133,14 @@ def ablation_asset(recipe: Recipe, source: SourceConfig):
         tokenizer = out["tokenizer"]
         [tokenizer_file] = tokenizer.download(store, work / "tokenizer", TOKENIZER_FILE)
         cache = work / "cache"
-        references = {f"{REFERENCE_DOMAIN}{_stem(path)}": local_folder(store, _reference_domain(
-            inputs, path, tokenizer, tokenizer_file), cache) for path in val_files}
+        references = {f"{REFERENCE_DOMAIN}{_stem(path)}": _reference_domain(inputs, path, tokenizer, tokenizer_file)
+                      for path in val_files}
+        reference_folders = {domain: local_folder(store, output, cache) for domain, output in references.items()}
         results, trained, reused = [], [], []
         started = time.perf_counter()
         for arm in arms:
             keys, identity, roots = _arm_documents(inputs, arm)
-            packed = _committed(inputs, "packed", {"documents": identity, "tokenizer": tokenizer.data_version,
+            packed, _ = _committed(inputs, "packed", {"documents": identity, "tokenizer": tokenizer.data_version,
                                                    "packing": dataclasses.asdict(recipe.packing), "code": pack_code},
                                 lambda folder: pack_parts(inputs, keys, tokenizer, folder, name=f"{source.name}-{arm.name}",
                                                           config=recipe.packing))
@@ -147,7 +148,7 @@ def ablation_asset(recipe: Recipe, source: SourceConfig):
             records = lineage(inputs.context.instance, store, [*roots, tokenizer])
             for seed in seeds:
                 run = {**settings, "seed": seed, "stage": f"ablation-{source.name}-{arm.name}-seed{seed}",
-                       "data": {"shards": {ARM_DOMAIN: str(folder), **{d: str(f) for d, f in references.items()}},
+                       "data": {"shards": {ARM_DOMAIN: str(folder), **{d: str(f) for d, f in reference_folders.items()}},
                                 "weights": {ARM_DOMAIN: 1.0, **{d: 0.0 for d in references}},
                                 "tokenizer": str(tokenizer_file)},
                        "metrics": {**settings.get("metrics", {}), "eval_interval": 0, "eval_batches": section.eval_batches,
@@ -158,14 +159,13 @@ def ablation_asset(recipe: Recipe, source: SourceConfig):
                 # What the run's figures depend on: its data by version (not by where this build found it), its
                 # settings, the trainer's code.
                 identity_of_run = {"packed": packed.data_version, "tokenizer": tokenizer.data_version,
-                                   "references": sorted((d, _manifest_version(f)) for d, f in references.items()),
+                                   "references": sorted((d, out.data_version) for d, out in references.items()),
                                    "run": {k: v for k, v in run.items() if k not in ("data", "lineage")},
                                    "trainer": trainer_code}
                 label = f"{arm.name} seed {seed}"
-                was_there = read_manifest(store, _prefix(key, "runs", identity_of_run)) is not None
-                result = _committed(inputs, "runs", identity_of_run, lambda folder: _train(
+                result, made = _committed(inputs, "runs", identity_of_run, lambda folder: _train(
                     inputs, run, folder, arm=arm.name, seed=seed, launch=launch, packed=packed, records=records))
-                (reused if was_there else trained).append(label)
+                (trained if made else reused).append(label)
                 results.append(json.loads(store.get_bytes(f"{result.prefix}/{RESULT_FILE}")))
         summary = summarize(results)
         (out_dir / RESULT_FILE).write_text(json.dumps({"summary": summary, "runs": results}, indent=1, sort_keys=True))
@@ -223,7 +223,7 @@ def _arm_documents(inputs: Inputs, arm: Arm) -> tuple[list[str], dict, list[Outp
     identity = {"raw": out["raw"].data_version, "filter": json.dumps(dataclasses.asdict(arm.filter), sort_keys=True),
                 "code": code_digest(("assets.curation.filtered:run_filter", *filter_code(arm.filter))),
                 **{name: out[name].data_version for name in used}}
-    documents = _committed(inputs, "documents", identity, lambda folder: run_filter(
+    documents, _ = _committed(inputs, "documents", identity, lambda folder: run_filter(
         inputs, arm.filter, folder, raw=out["raw"], model=out.get("model"), reference=out.get("reference"),
         logs=f"filter-{arm.name}"))
     return documents.files(), {"documents": documents.data_version}, [out["raw"], *[out[n] for n in used]]
@@ -253,7 +253,7 @@ def _reference_domain(inputs: Inputs, path: Path, tokenizer: Output, tokenizer_f
         write_index(folder, index)
         return {"packing": json.loads((folder / INDEX_FILE).read_text()), "documents": len(paragraphs)}
 
-    return _committed(inputs, "references", identity, make)
+    return _committed(inputs, "references", identity, make)[0]
 
 
 def _train(inputs: Inputs, run: dict, folder: Path, *, arm: str, seed: int, launch: dict, packed: Output,
@@ -281,29 +281,27 @@ def _train(inputs: Inputs, run: dict, folder: Path, *, arm: str, seed: int, laun
     return {"arm": arm, "seed": seed}
 
 
-def _committed(inputs: Inputs, kind: str, identity: dict, make) -> Output:
+def _committed(inputs: Inputs, kind: str, identity: dict, make) -> tuple[Output, bool]:
     """The piece of this ablation that `identity` decides, committed under <asset>/<kind>/<its key>: read back when
-    it is there, else made by `make(folder) -> manifest fields` in a scratch folder and committed (manifest last)."""
+    it is there, else made by `make(folder) -> manifest fields` in a scratch folder and committed (manifest last);
+    and whether it was made now."""
     key = inputs.context.asset_key
     prefix = _prefix(key, kind, identity)
     manifest = read_manifest(inputs.store, prefix)
-    if manifest is None:
+    made = manifest is None
+    if made:
         folder = inputs.work / "make" / kind / prefix.rsplit("/", 1)[-1]
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         fields = make(folder)
         manifest = commit_folder(inputs.store, prefix, folder, {"identity": identity, **fields})
         shutil.rmtree(folder, ignore_errors=True)
-    return Output(key, prefix, manifest)
+    return Output(key, prefix, manifest), made
 
 
 def _prefix(key: AssetKey, kind: str, identity: dict) -> str:
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:32]
     return "/".join([*key.path, kind, digest])
-
-
-def _manifest_version(folder: Path) -> str:
-    return json.loads((folder / "manifest.json").read_text())["data_version"]
 
 
 def _stem(path: Path) -> str:
