@@ -57,7 +57,7 @@ def main() -> None:
     raw["sources"] = [s for s in raw["sources"] if s["name"] in needed]
     # Only the filter stage and its inputs are measured; these sections name sources that were just dropped
     # (the validator refuses a mixing prior or anneal weights naming an unknown source) or add assets.
-    for key in ("dedup", "decontamination", "mixing", "training", "evaluation"):
+    for key in ("dedup", "decontamination", "mixing", "training", "evaluation", "ablation"):
         raw.pop(key, None)
     try:
         if args.smoke:
