@@ -11,6 +11,7 @@ The recipe in force is chosen by `--recipe` (CLI) or `PRETRAIN_RECIPE`, default 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import posixpath
 import re
@@ -22,7 +23,8 @@ import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from assets.stages import AblationSection, EvaluationSection, MixingSection, TrainingSection
+from assets.scaling.section import ScalingSection, non_embedding_params
+from assets.stages import AblationSection, EvaluationSection, MixingSection, TrainingSection, check_stage, merge
 from pipelines.decontam.index import DecontamConfig
 from pipelines.dedup.minhash import DedupConfig
 from pipelines.filters.config import FilterConfig, ReferenceConfig
@@ -37,6 +39,12 @@ DEMO_RECIPE = REPO_ROOT / "recipes" / "demo.yaml"
 # Reader settings that never change what ingest produces: the threshold only decides whether to fail. Leaving
 # it out of the code version means setting it does not make the asset stale.
 READER_FIELDS_NOT_VERSIONED = ("max_bad_fraction",)
+
+
+@functools.cache
+def _adapter(cls) -> pydantic.TypeAdapter:
+    """One TypeAdapter per class: building one (its schema) took 23 ms, for every source's filtered asset."""
+    return pydantic.TypeAdapter(cls)
 
 
 class RecipeError(ValueError):
@@ -65,7 +73,7 @@ class SourceConfig(BaseModel):
 
     def raw_section(self) -> dict:
         """The part of this source that decides the `raw_crawl` output (its code version hashes this)."""
-        reader = pydantic.TypeAdapter(ReaderConfig).dump_python(self.reader, mode="json")
+        reader = _adapter(ReaderConfig).dump_python(self.reader, mode="json")
         for field in READER_FIELDS_NOT_VERSIONED:
             reader.pop(field, None)
         return {"name": self.name, "format": self.format, "inputs": list(self.inputs), "reader": reader}
@@ -73,7 +81,7 @@ class SourceConfig(BaseModel):
     def filtered_section(self) -> dict:
         """The part of this source that decides the `filtered` output (not in raw_section: a filter change
         makes only filtered and what is downstream of it stale)."""
-        return {"name": self.name, "filter": pydantic.TypeAdapter(FilterConfig).dump_python(self.filter, mode="json")}
+        return {"name": self.name, "filter": _adapter(FilterConfig).dump_python(self.filter, mode="json")}
 
 
 class ChecksConfig(BaseModel):
@@ -110,6 +118,7 @@ class Recipe(BaseModel):
     training: TrainingSection | None = None  # main, long-context stages, anneal (assets/stages.py)
     evaluation: EvaluationSection = EvaluationSection()  # what each stage's final checkpoint is measured on
     ablation: AblationSection | None = None  # filter ablations: proxy runs on raw and curated text (assets/stages.py)
+    scaling: ScalingSection | None = None  # the scaling-law ladder and its fit (assets/scaling/section.py)
     checks: ChecksConfig = ChecksConfig()  # how the documents checks read outputs (not in any code version)
 
     # Set by load_recipe, not by the YAML: where the recipe came from, to resolve relative inputs.
@@ -192,6 +201,29 @@ class Recipe(BaseModel):
                         dataclasses.replace(settings, **{name: value})
                     except (TypeError, ValueError) as exc:
                         raise ValueError(f"ablation.sweep.values[{i}]: {exc}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _scaling_has_what_it_needs(self):
+        """The ladder's rungs are training.main with scaling.proxy over it at each size: each validates as the trainer
+        will validate it, and no two sizes have the same N (the fit could not tell them apart)."""
+        if self.scaling is None:
+            return self
+        if self.training is None:
+            raise ValueError("scaling: the rungs train training.main's model at each size, with scaling.proxy over it: "
+                             "give the recipe a `training` section")
+        base = merge(self.training.main, self.scaling.proxy)
+        check_stage("scaling.proxy", base)
+        seen: dict[int, int] = {}
+        for i, size in enumerate(self.scaling.sizes):
+            where = f"scaling.sizes[{i}] ({size.name})"
+            settings = merge(base, {"model": size.model()})
+            check_stage(where, settings)
+            n = non_embedding_params(settings)
+            if n in seen:
+                raise ValueError(f"{where}: {n:,} non-embedding parameters, as many as scaling.sizes[{seen[n]}]: "
+                                 "the fit needs sizes of different N")
+            seen[n] = i
         return self
 
     @property
