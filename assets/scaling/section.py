@@ -1,0 +1,213 @@
+"""The recipe's `scaling` section and what the two scaling assets and the training stages share: the keys, the
+rungs (one proxy run per model size and token budget), the proxy's run settings, how N, D, the compute and the
+loss of a run are counted, and the result files.
+
+    scaling:
+      sizes:  [{d_model: 32, n_layers: 1, n_heads: 2}, ..., {d_model: 96, n_layers: 2, n_heads: 4}]   # >= 5
+      tokens: [65536, 131072, 262144]            # >= 3 budgets; or tokens_per_param: [10, 20, 40]
+      proxy:  {metrics: {downstream_interval: 0}} # stage fields merged over training.main
+      held_out: true                             # the largest rung is predicted, not fitted
+      bootstrap: 200
+
+The counts, the same for the ladder, the fit and every stage's prediction:
+- N is the non-embedding parameter count (Kaplan et al. 2020): every weight but the input embedding and the
+  output head. At these sizes the vocabulary's two matrices are most of the weights and would hide the model's
+  size; the trainer's MFU counts the head, the scaling law does not.
+- D is the tokens the run trained on (the trainer's own count).
+- C = 6·N·D, the compute axis of the fit and of its compute-optimal N and D (trainer/planner/scaling_law.py);
+  the full training FLOPs (embedding head and attention included) are recorded beside it.
+- The loss is the final validation loss averaged over the domains with the run's mixture weights: the loss of
+  the distribution it trained on, the same for the proxies and the stage the fit predicts.
+
+This module must not import the recipe (assets/recipe.py imports ScalingSection from here)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from dagster import AssetKey, StaticPartitionsDefinition
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from assets.stages import merge, split_launch
+from trainer.config import BatchConfig, ModelConfig
+from trainer.planner.plan import ModelShape, flops_per_token, parameter_count
+
+if TYPE_CHECKING:
+    from assets.recipe import Recipe
+
+RESULT_FILE = "result.json"
+FIT_FILE = "fit.json"  # ScalingFit.to_json(): what `pretrain plan --budget` reads
+
+
+def ladder_key() -> AssetKey:
+    return AssetKey(["scaling", "ladder"])
+
+
+def fit_key() -> AssetKey:
+    return AssetKey(["scaling", "fit"])
+
+
+class Size(BaseModel):
+    """One model shape of the ladder; the rest of the model (vocabulary, d_ff rule, ...) is training.main's."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    d_model: int = Field(ge=8)
+    n_layers: int = Field(ge=1)
+    n_heads: int = Field(ge=1)
+    n_kv_heads: int | None = Field(None, ge=1, description="grouped-query attention (None: as many as n_heads)")
+
+    @model_validator(mode="after")
+    def _a_model_shape(self):
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
+        if (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"head dim d_model/n_heads = {self.d_model // self.n_heads} must be even (RoPE)")
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.n_kv_heads}")
+        return self
+
+    @property
+    def name(self) -> str:
+        kv = f"-kv{self.n_kv_heads}" if self.n_kv_heads is not None else ""
+        return f"d{self.d_model}-l{self.n_layers}-h{self.n_heads}{kv}"
+
+    def model(self) -> dict:
+        """The model fields the size sets over training.main's (n_kv_heads always: main's may not divide n_heads)."""
+        return {"d_model": self.d_model, "n_layers": self.n_layers, "n_heads": self.n_heads,
+                "n_kv_heads": self.n_kv_heads}
+
+
+class ScalingSection(BaseModel):
+    """The scaling-law ladder (assets/scaling/): proxies of every size at every token budget, fitted to
+    L(N, D) = E + A/N^alpha + B/D^beta."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sizes: list[Size] = Field(min_length=5, description="model shapes, at least 5")
+    tokens: list[int] | None = Field(None, min_length=3, description="token budgets, at least 3")
+    tokens_per_param: list[float] | None = Field(None, min_length=3, description=(
+        "token budgets as multiples of each size's N (at least 3), instead of `tokens`"))
+    seed: int = Field(0, description="every rung's seed, and the bootstrap's")
+    proxy: dict[str, Any] = Field({}, description="stage fields merged over training.main (schedule, batch, launch)")
+    held_out: bool = Field(True, description="the largest rung (most compute) is predicted by the fit, not fitted")
+    bootstrap: int = Field(200, ge=0, description="resamples for the parameters' intervals")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if (self.tokens is None) == (self.tokens_per_param is None):
+            raise ValueError("scaling: give the token budgets as `tokens` or as `tokens_per_param`, one of them")
+        budgets = self.tokens if self.tokens is not None else self.tokens_per_param
+        field = "tokens" if self.tokens is not None else "tokens_per_param"
+        for i, value in enumerate(budgets):
+            if not value > 0:
+                raise ValueError(f"scaling.{field}[{i}]: a budget must be > 0, got {value!r}")
+        if len(set(budgets)) != len(budgets):
+            raise ValueError(f"scaling.{field}: a budget is given twice ({budgets})")
+        names = [s.name for s in self.sizes]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise ValueError(f"scaling.sizes[{i}]: {name} is given twice")
+        split_launch("scaling.proxy", self.proxy)
+        return self
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One proxy run: a model size at a token budget (a partition of scaling/ladder)."""
+
+    name: str  # the partition key: "<size>-t<tokens>"
+    size: Size
+    tokens: int
+    n_params: int  # N: non-embedding parameters
+
+    @property
+    def settings(self) -> dict:
+        """What this rung sets over the ladder's common proxy settings (the partition's own version)."""
+        return {"model": self.size.model(), "train_tokens": self.tokens}
+
+
+def proxy_settings(recipe: Recipe) -> dict:
+    """The ladder's common run-config fields: training.main with scaling.proxy merged over it, no checkpoints,
+    the section's seed (each rung then sets its model size and train_tokens)."""
+    settings, _ = split_launch("scaling.proxy", merge(recipe.training.main, recipe.scaling.proxy))
+    return merge(settings, {"seed": recipe.scaling.seed,
+                            "checkpoint": {"interval_steps": 0, "save_final": False, "resume": False}})
+
+
+def proxy_launch(recipe: Recipe) -> dict:
+    """How a rung's trainer is started: training.main's `launch` with scaling.proxy's over it (not versioned)."""
+    return split_launch("scaling.proxy", merge(recipe.training.main, recipe.scaling.proxy))[1].overrides()
+
+
+def rung_settings(recipe: Recipe, rung: Rung) -> dict:
+    return merge(proxy_settings(recipe), rung.settings)
+
+
+def non_embedding_params(settings: dict) -> int:
+    """N of a stage's run-config fields: every weight but the input embedding and the output head."""
+    model = ModelConfig(**settings.get("model", {}))
+    shape = ModelShape.from_model_config(model, seq_len=_seq_len(settings))
+    return parameter_count(shape) - 2 * model.vocab_size * model.d_model
+
+
+def train_flops(settings: dict, tokens: float) -> float:
+    """The full training FLOPs of `tokens` (embedding head and attention included: the planner's count)."""
+    model = ModelConfig(**settings.get("model", {}))
+    return flops_per_token(ModelShape.from_model_config(model, seq_len=_seq_len(settings))) * tokens
+
+
+def compute(n_params: float, tokens: float) -> float:
+    """C = 6·N·D, the fit's compute axis."""
+    return 6.0 * n_params * tokens
+
+
+def rungs(recipe: Recipe) -> list[Rung]:
+    """Every rung, by size then budget, in the recipe's order. A budget in tokens per parameter is rounded up to
+    whole optimizer steps (global_batch × seq_len tokens)."""
+    section = recipe.scaling
+    base = proxy_settings(recipe)
+    step = _step_tokens(base)
+    out = []
+    for size in section.sizes:
+        n = non_embedding_params(merge(base, {"model": size.model()}))
+        budgets = section.tokens if section.tokens is not None else [
+            -(-round(m * n) // step) * step for m in section.tokens_per_param]
+        out += [Rung(name=f"{size.name}-t{int(d)}", size=size, tokens=int(d), n_params=n) for d in budgets]
+    return out
+
+
+def largest(runs: list[Rung]) -> Rung:
+    """The rung of most compute (the held-out one)."""
+    return max(runs, key=lambda r: (compute(r.n_params, r.tokens), r.n_params))
+
+
+def smallest(runs: list[Rung]) -> Rung:
+    return min(runs, key=lambda r: (compute(r.n_params, r.tokens), r.n_params))
+
+
+def partitions(recipe: Recipe) -> StaticPartitionsDefinition:
+    return StaticPartitionsDefinition([r.name for r in rungs(recipe)])
+
+
+def weighted_loss(val_loss: dict[str, float], weights: dict[str, float]) -> float | None:
+    """The validation loss averaged over the domains with the mixture's weights (renormalised over the domains
+    that hold out documents); None when no weighted domain has a validation loss."""
+    held = {k: w for k, w in weights.items() if k in val_loss and w > 0}
+    if not held:
+        return None
+    return sum(val_loss[k] * w for k, w in held.items()) / sum(held.values())
+
+
+def write_result(out_dir, payload: dict) -> None:
+    (out_dir / RESULT_FILE).write_text(json.dumps(payload, indent=1, sort_keys=True))
+
+
+def _step_tokens(settings: dict) -> int:
+    return int(settings.get("batch", {}).get("global_batch", BatchConfig().global_batch)) * _seq_len(settings)
+
+
+def _seq_len(settings: dict) -> int:
+    return int(settings.get("batch", {}).get("seq_len", BatchConfig().seq_len))

@@ -1,0 +1,101 @@
+"""assets/scaling/section.py: the recipe's `scaling` section (bad sizes and budgets fail naming the field, exit 2 from
+the command), the ladder recipe's rungs, and how N, C and the mixture-weighted loss are counted."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from assets.cli import main
+from assets.recipe import REPO_ROOT, RecipeError, load_recipe
+from assets.scaling.section import compute, largest, non_embedding_params, rungs, smallest, weighted_loss
+
+LADDER = REPO_ROOT / "recipes" / "ladder.yaml"
+
+
+def ladder_raw() -> dict:
+    raw = yaml.safe_load(LADDER.read_text())
+    raw["base_dir"] = str((LADDER.parent / raw["base_dir"]).resolve())
+    return raw
+
+
+def write(tmp_path: Path, raw: dict) -> Path:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+SIZES = [{"d_model": 32, "n_layers": 1, "n_heads": 2}, {"d_model": 48, "n_layers": 1, "n_heads": 2},
+         {"d_model": 64, "n_layers": 2, "n_heads": 4}, {"d_model": 96, "n_layers": 2, "n_heads": 4},
+         {"d_model": 128, "n_layers": 2, "n_heads": 4}]
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"sizes": SIZES[:4]}, r"scaling\.sizes: List should have at least 5 items"),
+    ({"tokens": [65536, 131072]}, r"scaling\.tokens: List should have at least 3 items"),
+    ({"sizes": [*SIZES[:4], {"d_model": 100, "n_layers": 2, "n_heads": 3}]},
+     r"scaling\.sizes\[4\]: Value error, d_model 100 is not divisible by n_heads 3"),
+    ({"sizes": [*SIZES[:4], {"d_model": 96, "n_layers": 2, "n_heads": 4, "n_kv_heads": 3}]},
+     r"scaling\.sizes\[4\]: Value error, n_heads 4 is not divisible by n_kv_heads 3"),
+    ({"sizes": [*SIZES[:4], {"width": 96, "n_layers": 2, "n_heads": 4}]}, r"scaling\.sizes\[4\]\.width: Extra inputs"),
+    ({"sizes": [*SIZES[:4], SIZES[0]]}, r"scaling\.sizes\[4\]: d32-l1-h2 is given twice"),
+    ({"sizes": [*SIZES[:4], {"d_model": 96, "n_layers": 2, "n_heads": 2}]},
+     r"scaling\.sizes\[4\] \(d96-l2-h2\): 221,664 non-embedding parameters, as many as scaling\.sizes\[3\]"),
+    ({"tokens_per_param": [1, 2, 4]}, r"scaling: give the token budgets as `tokens` or as `tokens_per_param`"),
+    ({"tokens": [65536, 65536, 131072]}, r"scaling\.tokens: a budget is given twice"),
+    ({"tokens": [65536, 0, 131072]}, r"scaling\.tokens\[1\]: a budget must be > 0"),
+    ({"proxy": {"optimizer": {"lr": 1}}}, r"scaling\.proxy\.optimizer: not a stage field"),
+    ({"proxy": {"launch": {"nodes": 2}}}, r"scaling\.proxy\.launch\.nodes: not a launch field"),
+])
+def test_a_bad_scaling_section_fails_naming_the_field(tmp_path, change, field):
+    raw = ladder_raw()
+    raw["scaling"] = {**raw["scaling"], **change}
+    with pytest.raises(RecipeError, match=field):
+        load_recipe(write(tmp_path, raw))
+
+
+def test_the_command_exits_2_naming_the_field(tmp_path, capsys):
+    raw = ladder_raw()
+    raw["scaling"]["sizes"] = SIZES[:3]
+    assert main(["status", "--recipe", str(write(tmp_path, raw))]) == 2
+    assert "scaling.sizes: List should have at least 5 items" in capsys.readouterr().err
+
+
+def test_a_ladder_needs_a_training_section(tmp_path):
+    raw = ladder_raw()
+    raw.pop("training")
+    raw.pop("mixing")
+    with pytest.raises(RecipeError, match=r"scaling: the rungs train training\.main's model at each size"):
+        load_recipe(write(tmp_path, raw))
+
+
+def test_the_ladder_recipe_has_five_sizes_at_three_budgets_and_counts_n_without_embeddings():
+    recipe = load_recipe(LADDER)
+    ladder = rungs(recipe)
+    sizes, budgets = recipe.scaling.sizes, recipe.scaling.tokens
+    assert len(sizes) >= 5 and len(budgets) >= 3 and len(ladder) == len(sizes) * len(budgets)
+    assert [r.name for r in ladder[:2]] == [f"{sizes[0].name}-t{budgets[0]}", f"{sizes[0].name}-t{budgets[1]}"]
+    # d=32, 1 layer, 2 heads (MHA), d_ff 128: q,k,v,o 4·32² + SwiGLU 3·32·128 + two norms 2·32, + the final norm 32.
+    assert ladder[0].n_params == 4 * 32 * 32 + 3 * 32 * 128 + 2 * 32 + 32
+    assert non_embedding_params({"model": {"vocab_size": 8192, "d_model": 32, "n_layers": 1, "n_heads": 2}}) == \
+        non_embedding_params({"model": {"vocab_size": 50000, "d_model": 32, "n_layers": 1, "n_heads": 2}})
+    assert largest(ladder).name == ladder[-1].name and smallest(ladder).name == ladder[0].name
+    assert compute(ladder[0].n_params, budgets[0]) == 6 * ladder[0].n_params * budgets[0]
+
+
+def test_budgets_in_tokens_per_parameter_round_up_to_whole_steps(tmp_path):
+    raw = ladder_raw()
+    raw["scaling"].pop("tokens")
+    raw["scaling"]["tokens_per_param"] = [1, 2, 4]
+    recipe = load_recipe(write(tmp_path, raw))
+    step = 16 * 128  # training.main's global_batch × seq_len
+    for rung in rungs(recipe):
+        assert rung.tokens % step == 0 and rung.tokens >= rung.n_params
+        assert rung.tokens - step < int(rung.name.rsplit("-t", 1)[1]) <= rung.tokens
+
+
+def test_the_loss_is_the_validation_loss_weighted_by_the_mixture():
+    assert weighted_loss({"web": 4.0, "math": 2.0}, {"web": 0.75, "math": 0.25}) == pytest.approx(3.5)
+    # A source without held-out documents is left out and the rest renormalised; none at all: no loss.
+    assert weighted_loss({"web": 4.0}, {"web": 0.5, "cc": 0.5}) == pytest.approx(4.0)
+    assert weighted_loss({}, {"web": 1.0}) is None
