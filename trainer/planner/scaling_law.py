@@ -43,7 +43,8 @@ GRID = {
     "beta": np.arange(0.0, 2.5, 0.5),
 }
 STARTS = 16  # the best grid points by objective, each run to convergence by L-BFGS
-BOOTSTRAP_STARTS = 3  # a resample starts from the full fit's optimum and its own best grid points
+# A resample starts from the full fit's optimum and its own best grid point (3 grid points gave the same intervals).
+BOOTSTRAP_STARTS = 1
 EXPONENT_BOUNDS = (0.0, 5.0)  # α, β: a law whose loss grows with N or D describes no ladder
 
 
@@ -156,7 +157,8 @@ def _grid() -> np.ndarray:
     return np.array(list(itertools.product(GRID["a"], GRID["b"], GRID["e"], GRID["alpha"], GRID["beta"])))
 
 
-def _grid_values(grid: np.ndarray, log_n: np.ndarray, log_d: np.ndarray, log_loss: np.ndarray, delta: float) -> np.ndarray:
+def _grid_values(grid: np.ndarray, log_n: np.ndarray, log_d: np.ndarray, log_loss: np.ndarray,
+                 delta: float) -> np.ndarray:
     """The objective at every grid point at once (no gradient): the starts are the best of these."""
     a, b, e, alpha, beta = (grid[:, i : i + 1] for i in range(5))
     terms = np.stack([a - alpha * log_n, b - beta * log_d, np.broadcast_to(e, (len(grid), len(log_n)))])
@@ -248,7 +250,8 @@ def _fit(array: np.ndarray, *, bootstrap: int, seed: int, huber_delta: float) ->
                 continue
             sample = _from_theta(found)
             total = sample["alpha"] + sample["beta"]
-            sample["a"], sample["b"] = (sample["beta"] / total, sample["alpha"] / total) if total > 0 else (math.nan,) * 2
+            exponents = (sample["beta"] / total, sample["alpha"] / total) if total > 0 else (math.nan, math.nan)
+            sample["a"], sample["b"] = exponents
             samples.append(sample)
         for key in INTERVAL_KEYS:
             column = np.array([s[key] for s in samples if math.isfinite(s[key])])

@@ -1,4 +1,4 @@
-"""The scaling-law fit recovers a known law from noisy losses, predicts a point it did not see, and refuses bad points."""
+"""The scaling-law fit recovers a known law from noisy losses, predicts a point it did not see, refuses bad points."""
 
 import json
 import math
