@@ -253,6 +253,10 @@ class MixingSection(BaseModel):
     proxy: dict[str, Any] = {}  # stage fields merged over training.main (smaller model, fewer tokens, its launch)
     schedule: str | None = Field(None, description="cron schedule that re-runs the sweep, e.g. '0 3 * * 0'")
     status: Literal["running", "stopped"] = "stopped"  # the schedule's default status
+    # The data budget (assets/mixing/budget.py): the most times a training stage may read a source; the search
+    # keeps to it on main's tokens and a stage over it fails before launch. Muennighoff et al.: ~4 epochs of
+    # repeated data are nearly as good as fresh data, many more are wasted.
+    max_epochs: float = Field(4.0, gt=0, description="most epochs of any source in a training stage")
 
     def engine_config(self) -> MixingConfig:
         return MixingConfig(prior=self.prior, candidates=self.candidates, concentration=self.concentration,

@@ -1,6 +1,7 @@
 """`mixing/mix_sweep` (one partition per candidate mixture): trains the proxy model (training.main with
 mixing.proxy merged over it) on one candidate's mixture of the packed sources through the launcher resource;
-records each domain's validation loss and the target loss. Every partition drawn so far is kept: the mixing
+records each domain's validation loss, the target loss and each source's epochs (assets/mixing/budget.py: the
+proxy's tokens drawn from it ÷ its tokens). Every partition drawn so far is kept: the mixing
 sensor (assets/mixing/__init__.py) runs each new one once, and a rerun of an unchanged one reuses its result."""
 
 from pathlib import Path
@@ -9,6 +10,7 @@ from dagster import Failure, MetadataValue
 
 from assets.core.factory import Inputs, OutputSpec, output_asset
 from assets.core.upstream import Output
+from assets.mixing.budget import run_epochs
 from assets.mixing.section import (
     CANDIDATES,
     candidates_key,
@@ -49,6 +51,7 @@ def mix_sweep_spec(recipe: Recipe) -> OutputSpec:
         run = {**proxy_settings(recipe), "stage": f"proxy-{name}", "output_dir": str(work / "out"),
                "data": {"shards": {k: str(v) for k, v in found.folders.items()}, "weights": weights},
                "tokenizer_sha256": found.tokenizer_sha256, "lineage": found.lineage}
+        budget = run_epochs(f"mixing/mix_sweep[{name}]", found.folders, weights, run)
         result = inputs.resources.launcher.launch(inputs.context, run, work, settings=launch)
         val = result.summary.get("val_loss") or {}
         if not val or (target_name != "average" and target_name not in val):
@@ -62,7 +65,7 @@ def mix_sweep_spec(recipe: Recipe) -> OutputSpec:
         write_result(out_dir, {"mixture": name, "weights": weights, "val_loss": val, "target_loss": target,
                                "target": target_name, "tokens": result.summary.get("tokens"),
                                "losses": result.summary.get("losses"),
-                               "precision": precision[-1]["dtype"] if precision else None})
+                               "precision": precision[-1]["dtype"] if precision else None, **budget})
         return {}
 
     def metadata(inputs: Inputs, output: Output) -> dict:
@@ -70,6 +73,7 @@ def mix_sweep_spec(recipe: Recipe) -> OutputSpec:
         return {
             "target_loss": payload["target_loss"], "val_loss": MetadataValue.json(payload["val_loss"]),
             "weights": MetadataValue.json(payload["weights"]), "precision": payload.get("precision") or "unknown",
+            "epochs": MetadataValue.json(payload.get("epochs") or {}),  # the proxy's draws ÷ each source's tokens
             "weights_plot": bar_chart(payload["weights"], title=f"mixture {inputs.extra['name']}", ylabel="weight"),
             "val_loss_plot": bar_chart(payload["val_loss"], title="validation loss per domain", ylabel="loss"),
         }

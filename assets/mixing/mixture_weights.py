@@ -5,7 +5,11 @@ runs have finished; a training stage reads the chosen weights, with their data v
 A candidate whose run has not finished (or failed) is left out and named ("pending"), as is one whose latest
 result came from another proxy (a changed `mixing.proxy` until the sweep reruns): runs of different proxies
 are not comparable. With fewer runs than the quadratic model's features the fit falls back to the linear
-model (trainer/data/mixing.py choose_model): a warning in the log and `fit_warning` in the metadata say so."""
+model (trainer/data/mixing.py choose_model): a warning in the log and `fit_warning` in the metadata say so.
+
+The data budget: the search discards every mixture that would read a source more than mixing.max_epochs times
+in training.main's tokens, by the packed token counts main reads (assets/mixing/budget.py); the metadata gives
+how many it discarded and the chosen mixture's epochs per source on main's budget."""
 
 from pathlib import Path
 
@@ -13,6 +17,7 @@ from dagster import AssetRecordsFilter, Failure, MetadataValue
 
 from assets.core.factory import Inputs, OutputSpec, output_asset
 from assets.core.upstream import Output, output_at
+from assets.mixing.budget import max_weights, mixture_epochs, packed_tokens
 from assets.mixing.mix_sweep import mix_sweep_spec
 from assets.mixing.section import (
     candidates_key,
@@ -24,12 +29,14 @@ from assets.mixing.section import (
 )
 from assets.plots import bar_chart
 from assets.recipe import Recipe
+from assets.tokenization.packed import packed_key
 from trainer.data.mixing import best_mixture, fit_mixture_regression
 
 
 def mixture_weights_asset(recipe: Recipe):
     cfg = recipe.mixing.engine_config()
     sweep_version = mix_sweep_spec(recipe).code_version  # the current proxy's runs only
+    main_tokens, max_epochs = recipe.training.main["train_tokens"], recipe.mixing.max_epochs
 
     def prepare(inputs: Inputs) -> Inputs:
         drawn = read_result(inputs.store, inputs.read(candidates_key()).prefix)
@@ -52,8 +59,13 @@ def mixture_weights_asset(recipe: Recipe):
         if pending or other:
             inputs.log.warning(f"fitting {len(results)} proxy runs; left out: not run yet {pending}, run with "
                                f"another proxy {other}")
-        return inputs.but(key_upstream=swept, manifest={"swept": swept},
-                          extra={"results": results, "pending": pending + other, "draws": drawn.get("draws", {})})
+        # The tokens main will read of each source: a new packing is another budget, so another fit.
+        packed = {name: inputs.read(packed_key(name)) for name in sorted(recipe.mixing.prior)}
+        available = {name: packed_tokens(out.manifest) for name, out in packed.items()}
+        versions = {out.key.to_user_string(): out.data_version for out in packed.values()}
+        return inputs.but(key_upstream={**swept, **versions}, manifest={"swept": swept, "packed": versions},
+                          extra={"results": results, "pending": pending + other, "draws": drawn.get("draws", {}),
+                                 "available": available})
 
     def build(inputs: Inputs, out_dir: Path) -> dict:
         results = inputs.extra["results"]
@@ -61,7 +73,17 @@ def mixture_weights_asset(recipe: Recipe):
                                        ridge=cfg.ridge)
         if model.warning:
             inputs.log.warning(f"mixture fit: {model.warning}")
-        best, predicted = best_mixture(model, cfg)
+        available = inputs.extra["available"]
+        try:
+            choice = best_mixture(model, cfg, max_weights(available, train_tokens=main_tokens, max_epochs=max_epochs))
+        except ValueError as exc:
+            raise Failure(description=f"{exc}: mixing.max_epochs {max_epochs:g} on training.main's {main_tokens:,} "
+                                      f"tokens, packed tokens {available}; raise max_epochs, lower the prior of "
+                                      "that source or train main on fewer tokens") from None
+        if choice.discarded:
+            inputs.log.info(f"data budget: {choice.discarded} of {choice.scored} mixtures scored would read a source "
+                            f"more than {max_epochs:g} times in main's {main_tokens:,} tokens; discarded")
+        best, predicted = choice
         fitted = {r["mixture"] for r in results}
         write_result(out_dir, {"weights": best, "predicted_target_loss": predicted, "r2": model.r2,
                                "loo_rmse": model.loo_rmse, "target": recipe.mixing.target,
@@ -69,7 +91,10 @@ def mixture_weights_asset(recipe: Recipe):
                                "candidates": {r["mixture"]: r["target_loss"] for r in results},
                                "runs_per_draw": {d: len(fitted & set(names))
                                                  for d, names in inputs.extra["draws"].items()},
-                               "pending": inputs.extra["pending"]})
+                               "pending": inputs.extra["pending"],
+                               "epochs": mixture_epochs(best, available, train_tokens=main_tokens),
+                               "max_epochs": max_epochs, "tokens_available": available,
+                               "draws_scored": choice.scored, "draws_discarded": choice.discarded})
         return {}
 
     def metadata(inputs: Inputs, output: Output) -> dict:
@@ -86,6 +111,10 @@ def mixture_weights_asset(recipe: Recipe):
             "runs_per_draw": MetadataValue.json(payload["runs_per_draw"]),
             "pending": MetadataValue.json(payload["pending"]),
             "swept": MetadataValue.json(payload["candidates"]),
+            # The data budget: the chosen mixture's epochs per source on main's tokens, and the draws it ruled out.
+            "epochs": MetadataValue.json(payload["epochs"]), "max_epochs": payload["max_epochs"],
+            "tokens_available": MetadataValue.json(payload["tokens_available"]),
+            "draws_discarded": payload["draws_discarded"], "draws_scored": payload["draws_scored"],
         }
 
     return output_asset(OutputSpec(
@@ -93,8 +122,10 @@ def mixture_weights_asset(recipe: Recipe):
         section=weights_section(recipe),
         description=("The chosen mixture: a regression of the target loss on the weights, fitted over every "
                      "completed proxy run of every draw (RegMix; the linear model while runs are fewer than the "
-                     "quadratic model's features), minimised over fresh mixtures around the prior."),
-        deps=[sweep_key()], prepare=prepare, build=build, metadata=metadata,
+                     "quadratic model's features), minimised over fresh mixtures around the prior that read no source "
+                     "more than mixing.max_epochs times in training.main's tokens."),
+        deps=[sweep_key(), *(packed_key(name) for name in sorted(recipe.mixing.prior))],
+        prepare=prepare, build=build, metadata=metadata,
     ))
 
 

@@ -61,7 +61,8 @@ def mixing_section(recipe: Recipe) -> dict:
     """The sweep's section. Each asset's code version hashes what decides its own output: the candidates only the
     draw (draw_section), the sweep all of this, the weights also the target (weights_section); a new proxy
     reruns the sweep, not the draw."""
-    m = recipe.mixing.model_dump(mode="json", exclude={"schedule", "status"})  # when it runs is not what it makes
+    # When it runs is not what it makes, nor is the bound on main's epochs (the weights' alone: weights_section).
+    m = recipe.mixing.model_dump(mode="json", exclude={"schedule", "status", "max_epochs"})
     m["proxy"] = {k: v for k, v in m["proxy"].items() if k != "launch"}  # nor how its processes start
     return {"mixing": m, "proxy": proxy_settings(recipe)}
 
@@ -71,7 +72,9 @@ def draw_section(recipe: Recipe) -> dict:
 
 
 def weights_section(recipe: Recipe) -> dict:
-    return {k: v for k, v in mixing_section(recipe)["mixing"].items() if k != "proxy"}
+    """The sweep's settings but the proxy, and the data budget the search keeps to: max_epochs on main's tokens."""
+    section = {k: v for k, v in mixing_section(recipe)["mixing"].items() if k != "proxy"}
+    return {**section, "max_epochs": recipe.mixing.max_epochs, "main_train_tokens": recipe.training.main["train_tokens"]}
 
 
 def write_result(out_dir, payload: dict) -> None:

@@ -26,6 +26,7 @@ from dagster import AssetKey, Backoff, Failure, Field, Int, MetadataValue, Retry
 from assets.core.factory import Inputs, OutputSpec, output_asset
 from assets.core.lineage import record_of
 from assets.core.upstream import Output
+from assets.mixing.budget import max_epochs_of, stage_budget
 from assets.mixing.section import RESULT_FILE, weights_key
 from assets.plots import line_chart
 from assets.recipe import Recipe
@@ -111,6 +112,9 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, start_from: tuple[st
     def build(inputs: Inputs, out: Path) -> dict:
         context, work, vkey, found = inputs.context, inputs.work, inputs.version_key, inputs.extra["found"]
         run_settings = inputs.extra["settings"]
+        # Each source's epochs in this stage (assets/mixing/budget.py); over mixing.max_epochs, nothing is launched.
+        budget = stage_budget(f"training/{name}", found.folders, inputs.manifest["weights"], run_settings,
+                              min_doc_tokens=min_doc_tokens, max_epochs=max_epochs_of(recipe))
         run = {**run_settings, "stage": name, "output_dir": str(work / "out"),
                "data": {"shards": {k: str(v) for k, v in found.folders.items()}, "weights": inputs.manifest["weights"],
                         "min_doc_tokens": min_doc_tokens},
@@ -148,7 +152,7 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, start_from: tuple[st
         shutil.copyfile(work / "out" / METRICS_FILE, out / METRICS_FILE)
         return {"checkpoint": {"prefix": checkpoint_prefix, "uri": inputs.store.uri(checkpoint_prefix), "step": final},
                 "resumed": [e for e in result.events("resumed")], "restarts": result.restarts,
-                "tensorboard": tensorboard and str(tensorboard)}
+                "tensorboard": tensorboard and str(tensorboard), **budget}
 
     def metadata(inputs: Inputs, output: Output) -> dict:
         store, prefix, manifest = inputs.store, output.prefix, output.manifest
@@ -177,6 +181,7 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, start_from: tuple[st
             "val_loss": MetadataValue.json(summary.get("val_loss") or {}),
             "skipped_steps": len(summary.get("skipped") or []),
             "weights": MetadataValue.json(manifest["weights"]),
+            "epochs": MetadataValue.json(manifest.get("epochs") or {}),  # this stage's draws ÷ each source's tokens
             "loss_curve": _curve([(r["step"], r["loss"]) for r in train], "training loss", "loss"),
             "lr_curve": _curve([(r["step"], r["lr"]) for r in train], "learning rate", "lr"),
             "val_loss_curve": _curve([(r["step"], sum(r["val_loss"].values()) / len(r["val_loss"])) for r in evals

@@ -18,7 +18,9 @@ linear model (an intercept and k-1 weights, the last being implied by the sum to
 (`MixtureFit.model`, `.warning`). The best mixture is searched among many fresh Dirichlet samples, kept to
 the box of weights the proxy runs spanned (each source between its least and greatest weight in a run), so
 it stays where the runs gave evidence rather than at a corner the regression extrapolates to: with a few
-runs the box is small and the choice modest; with RegMix's hundreds it covers the whole draw.
+runs the box is small and the choice modest; with RegMix's hundreds it covers the whole draw. A data budget
+(`max_weights`, from mixing.max_epochs: assets/mixing/budget.py) discards the scored mixtures that would give a
+source more weight than the main run can draw from it without repeating it more than that many times.
 Pure numpy: no torch, no Dagster.
 """
 
@@ -176,10 +178,24 @@ def fit_mixture_regression(mixtures: list[dict[str, float]], losses: list[float]
                       observed=list(zip(mixtures, [float(v) for v in y])), model=model, warning=warning)
 
 
-def best_mixture(fit: MixtureFit, cfg: MixingConfig) -> tuple[dict[str, float], float]:
-    """(weights, predicted loss): the mean of the top_k mixtures of lowest fitted loss among fresh samples around
-    the prior (and the runs themselves) that lie in the box the runs spanned, and the fit's prediction for that
-    mean."""
+@dataclass(frozen=True)
+class MixtureChoice:
+    """The search's answer; it unpacks as (weights, predicted) like a pair."""
+
+    weights: dict[str, float]
+    predicted: float  # the fit's prediction for `weights`
+    scored: int  # mixtures scored: the runs and the draws inside their box
+    discarded: int  # of those, left out for a weight above max_weights (the data budget)
+
+    def __iter__(self):
+        return iter((self.weights, self.predicted))
+
+
+def best_mixture(fit: MixtureFit, cfg: MixingConfig, max_weights: dict[str, float] | None = None) -> MixtureChoice:
+    """The mean of the top_k mixtures of lowest fitted loss among fresh samples around the prior (and the runs
+    themselves) that lie in the box the runs spanned, and the fit's prediction for that mean. With max_weights
+    (source -> greatest weight), a mixture above it for any source is discarded before scoring; the mean of
+    mixtures within those caps is within them too. ValueError when every one is discarded, naming the source."""
     if fit.sources != cfg.sources:
         raise ValueError(f"the fit is over sources {fit.sources}, the config over {cfg.sources}")
     runs = np.array([[m[s] for s in fit.sources] for m, _ in fit.observed])
@@ -192,7 +208,17 @@ def best_mixture(fit: MixtureFit, cfg: MixingConfig) -> tuple[dict[str, float], 
         live = cfg.prior_vector() > 0
         pool[:, live] = np.maximum(pool[:, live], cfg.min_weight)
         pool /= pool.sum(axis=1, keepdims=True)
+    scored = len(pool)
+    if max_weights is not None:
+        caps = np.array([max_weights.get(s, np.inf) for s in fit.sources])
+        above = pool > caps  # (mixtures, sources)
+        if above.any(axis=1).all():
+            worst = fit.sources[int(np.argmax(above.sum(axis=0)))]
+            raise ValueError(f"all {scored} mixtures scored give {worst} more weight than its budget allows "
+                             f"({max_weights[worst]:.4f})")
+        pool = pool[~above.any(axis=1)]
     predicted = fit.predict(pool)
     top = np.argsort(predicted, kind="stable")[:cfg.top_k]
     best = pool[top].mean(axis=0)
-    return {s: float(w) for s, w in zip(fit.sources, best)}, float(fit.predict(best[None])[0])
+    return MixtureChoice(weights={s: float(w) for s, w in zip(fit.sources, best)},
+                         predicted=float(fit.predict(best[None])[0]), scored=scored, discarded=scored - len(pool))

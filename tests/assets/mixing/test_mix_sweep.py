@@ -11,11 +11,13 @@ from dagster import AssetKey, DagsterInstance, Failure
 import assets.mixing.mix_sweep as mix_sweep
 from assets.core.factory import Inputs
 from assets.core.versioning import code_version
+from assets.mixing.budget import packed_tokens
 from assets.mixing.section import CANDIDATES, mixing_section, proxy_settings
 from assets.recipe import DEMO_RECIPE, load_recipe
 from resources.launcher import LaunchResult
 from storage.local import LocalStore
-from tests.assets.training.test_inputs import committed, context_for, packed
+from tests.assets.training.real_packed import real_packed
+from tests.assets.training.test_inputs import committed, context_for
 
 PRIOR = ["books", "c4", "code", "math", "web"]
 CANDIDATE = {"books": 0.2, "c4": 0.2, "code": 0.2, "math": 0.2, "web": 0.2}
@@ -51,12 +53,13 @@ class Launcher:
                             records=[{"event": "precision", "dtype": "fp32"}])
 
 
-def setup(monkeypatch, tmp_path, partition, val_loss):
+def setup(monkeypatch, tmp_path, partition, val_loss, pack=True):
     recipe = load_recipe(DEMO_RECIPE)
     spec = spec_of(monkeypatch, recipe)
     instance = DagsterInstance.ephemeral()
     store = LocalStore(tmp_path / "store")
-    outs, tok = packed(instance, store, tmp_path, PRIOR)
+    # Real packed text: the build counts each source's tokens before it launches (a failing prepare reads none).
+    outs, _ = real_packed(instance, store, tmp_path, {s: 50_000 for s in PRIOR}) if pack else ({}, None)
     committed(instance, store, tmp_path, AssetKey(["mixing", "mix_candidates"]),
               {"result.json": json.dumps({"candidates": {"mix-a": CANDIDATE}})})
     launcher = Launcher(val_loss)
@@ -66,7 +69,7 @@ def setup(monkeypatch, tmp_path, partition, val_loss):
 
 
 def test_a_partition_that_is_not_a_current_candidate_fails(monkeypatch, tmp_path):
-    _, spec, inputs, _, _ = setup(monkeypatch, tmp_path, "mix-old", {})
+    _, spec, inputs, _, _ = setup(monkeypatch, tmp_path, "mix-old", {}, pack=False)
     with pytest.raises(Failure, match=r"partition mix-old is not a candidate .*\(candidates: mix-a\)"):
         spec.prepare(inputs)
 
@@ -90,6 +93,9 @@ def test_the_proxy_run_and_the_average_target_loss(monkeypatch, tmp_path):
     assert result["target_loss"] == pytest.approx(12.5 / 5) and result["target"] == "average"
     assert (result["mixture"], result["weights"], result["val_loss"]) == ("mix-a", CANDIDATE, val)
     assert (result["precision"], result["tokens"]) == ("fp32", 65536)
+    # Each source's epochs in the proxy run: its share of the proxy's 65,536 tokens over its packed tokens.
+    assert result["tokens_available"] == {s: packed_tokens(outs[s].manifest) for s in PRIOR}
+    assert result["epochs"] == pytest.approx({s: 65536 * 0.2 / result["tokens_available"][s] for s in PRIOR}, rel=0.01)
 
 
 def test_no_validation_loss_for_the_target_fails(monkeypatch, tmp_path):

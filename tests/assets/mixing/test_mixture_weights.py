@@ -1,12 +1,13 @@
 """mixture_weights records the digest of its own recipe section (the mixing settings without the proxy), with the
-sweep's results faked in the store, so no proxy model is trained."""
+sweep's results faked in the store, so no proxy model is trained, and packed outputs that give each source a
+million tokens (the data budget's counts: tests/assets/mixing/test_budget.py tests the budget itself)."""
 
 import hashlib
 import json
 
 import pytest
 import yaml
-from dagster import AssetMaterialization, DagsterInstance, materialize
+from dagster import AssetKey, AssetMaterialization, DagsterInstance, materialize
 
 from assets.mixing.mix_candidates import mix_candidates_asset
 from assets.mixing.mix_sweep import mix_sweep_spec
@@ -17,6 +18,13 @@ from resources.scratch import ScratchResource
 from resources.store_resource import StoreResource
 from storage.local import LocalStore
 from storage.manifest import MANIFEST, commit_folder
+from tests.assets.training.test_inputs import committed
+
+
+def plenty_of_tokens(instance, store, tmp_path, sources):
+    for name in sources:
+        committed(instance, store, tmp_path, AssetKey(["tokenization", name, "packed"]), {"train.bin": name},
+                  {"packing": {"splits": {"train": {"tokens": 1_000_000}}}})
 
 
 @pytest.mark.slow  # ~2-10 s: two materializations in an ephemeral instance
@@ -31,6 +39,7 @@ def test_mixture_weights_records_the_sha256_of_its_recipe_section(tmp_path):
     instance = DagsterInstance.ephemeral()
     resources = {"store": StoreResource(url=str(tmp_path / "store")), "scratch": ScratchResource(root=str(tmp_path / "work"))}
     store = LocalStore(tmp_path / "store")
+    plenty_of_tokens(instance, store, tmp_path, ["web", "code"])
 
     assert materialize([mix_candidates_asset(recipe)], resources=resources, instance=instance).success
     [event] = instance.fetch_materializations(candidates_key(), limit=1).records
@@ -50,7 +59,8 @@ def test_mixture_weights_records_the_sha256_of_its_recipe_section(tmp_path):
     manifest = json.loads(store.get_bytes(f"{event.asset_materialization.metadata['prefix'].value}/{MANIFEST}"))
     # The section as the recipe states it: every mixing setting but the proxy (which only the sweep reads), when
     # the sweep reruns (schedule, status) and nothing the fitted model holds.
-    section = {"prior": {"web": 0.5, "code": 0.5}, "candidates": 3, "concentration": 4.0, "seed": 7, "target": "average"}
+    section = {"prior": {"web": 0.5, "code": 0.5}, "candidates": 3, "concentration": 4.0, "seed": 7, "target": "average",
+               "max_epochs": 4.0, "main_train_tokens": 262144}
     digest = hashlib.sha256(json.dumps(section, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     assert manifest["recipe_section_sha256"] == digest
     assert manifest["code_version"].startswith("mixture_weights:") and manifest["code_version"].endswith(digest[:12])
@@ -70,6 +80,7 @@ def test_the_fit_leaves_out_runs_not_finished_or_of_another_proxy_and_names_them
     resources = {"store": StoreResource(url=str(tmp_path / "store")),
                  "scratch": ScratchResource(root=str(tmp_path / "work"))}
     store = LocalStore(tmp_path / "store")
+    plenty_of_tokens(instance, store, tmp_path, ["web", "code"])
     assert materialize([mix_candidates_asset(recipe)], resources=resources, instance=instance).success
     [event] = instance.fetch_materializations(candidates_key(), limit=1).records
     candidates = json.loads(store.get_bytes(f"{event.asset_materialization.metadata['prefix'].value}/{RESULT_FILE}"))

@@ -62,7 +62,10 @@ def test_each_section_holds_what_decides_its_output():
     assert section["mixing"]["proxy"] == {"train_tokens": 65536, "model": {"n_layers": 1},
                                           "metrics": {"downstream_interval": 0}}
     assert draw_section(recipe) == {"prior": RAW["mixing"]["prior"], "candidates": 4, "concentration": 8.0, "seed": 0}
-    assert weights_section(recipe) == {k: v for k, v in section["mixing"].items() if k != "proxy"}
+    # The weights keep the search to the data budget: max_epochs (only theirs: not the sweep's) on main's tokens.
+    assert "max_epochs" not in section["mixing"]
+    assert weights_section(recipe) == {**{k: v for k, v in section["mixing"].items() if k != "proxy"},
+                                       "max_epochs": 4.0, "main_train_tokens": 262144}
     assert weights_section(recipe)["target"] == "average"
 
     def proxy(raw):
@@ -78,6 +81,12 @@ def test_each_section_holds_what_decides_its_output():
     def target(raw):
         raw["mixing"]["target"] = "web"
 
+    def budget(raw):
+        raw["mixing"]["max_epochs"] = 8
+
+    def main_tokens(raw):
+        raw["training"]["main"]["train_tokens"] = 131072
+
     def sections(r):
         return draw_section(r), mixing_section(r), weights_section(r)
 
@@ -86,6 +95,9 @@ def test_each_section_holds_what_decides_its_output():
     assert [a != b for a, b in zip(base, sections(demo_with(when)))] == [False, False, False]
     assert [a != b for a, b in zip(base, sections(demo_with(seed)))] == [True, True, True]
     assert [a != b for a, b in zip(base, sections(demo_with(target)))] == [False, True, True]
+    assert [a != b for a, b in zip(base, sections(demo_with(budget)))] == [False, False, True]
+    # The proxy sets its own train_tokens: main's budget moves the search's bound alone.
+    assert [a != b for a, b in zip(base, sections(demo_with(main_tokens)))] == [False, False, True]
 
 
 def test_result_file_round_trip(tmp_path):

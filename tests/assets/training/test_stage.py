@@ -17,7 +17,8 @@ from assets.recipe import DEMO_RECIPE, load_recipe
 from resources.launcher import LaunchResult
 from storage.local import LocalStore
 from storage.manifest import commit_folder
-from tests.assets.training.test_inputs import committed, context_for, packed
+from tests.assets.training.real_packed import real_packed
+from tests.assets.training.test_inputs import committed, context_for
 
 PRIOR = ["books", "c4", "code", "math", "web"]
 
@@ -107,7 +108,7 @@ def test_the_run_configs_continue_main_in_long_512_and_anneal(monkeypatch, tmp_p
     recipe = load_recipe(DEMO_RECIPE)
     instance = DagsterInstance.ephemeral()
     store = LocalStore(tmp_path / "store")
-    outs, tok = packed(instance, store, tmp_path, PRIOR)
+    outs, tok = real_packed(instance, store, tmp_path, {s: 140_000 for s in PRIOR})  # counted before launch
     chosen = {"web": 0.4, "c4": 0.1, "books": 0.2, "code": 0.2, "math": 0.1}
     weights = committed(instance, store, tmp_path, AssetKey(["mixing", "mixture_weights"]),
                         {"result.json": json.dumps({"weights": chosen})})
