@@ -18,7 +18,7 @@ export DS_ACCELERATOR := cpu
 # compiles it (~35 s) and two trainers started side by side never build it into the same folder at once.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/$(VENV)/torch_extensions
 
-.PHONY: demo test test-fast ui tensorboard bench install clean system-deps
+.PHONY: demo ladder test test-fast ui tensorboard bench install clean system-deps
 
 install: $(STAMP)
 
@@ -67,6 +67,19 @@ demo: $(STAMP)
 	@echo "Look at them: make ui  (then http://127.0.0.1:3000), or e.g."
 	@echo "  $(BIN)/pretrain where curation/web/raw_crawl"
 	@echo "  $(BIN)/pretrain docs raw_crawl --source web --limit 3"
+
+# The scaling ladder of recipes/ladder.yaml (README, Scaling ladder): the demo's curation (reused where `make demo` ran
+# in this PRETRAIN_HOME), the mix sweep, 15 proxy runs and the fit; then training/main, which records the fit's
+# prediction before it trains. Two commands: main does not depend on the fit (a refit must not make it stale), so
+# only the order of the commands makes it start after the fit.
+LADDER_RECIPE := recipes/ladder.yaml
+ladder: $(STAMP)
+	$(BIN)/pretrain materialize --recipe $(LADDER_RECIPE) --stale --select +scaling/fit
+	$(BIN)/pretrain materialize --recipe $(LADDER_RECIPE) --stale --select +training/main
+	@echo
+	@echo "The fit: $(BIN)/pretrain where scaling/fit --recipe $(LADDER_RECIPE) (fit.json, result.json); in the UI"
+	@echo "(PRETRAIN_RECIPE=$(LADDER_RECIPE) make ui) scaling/fit's metadata (parameters, held-out error, loss against"
+	@echo "compute) and training/main's (predicted_val_loss, achieved_val_loss, prediction_error_pct)."
 
 # The whole suite (what CI runs): real S3, PostgreSQL, Slurm, Ray, Chromium and DeepSpeed runs, under 30 minutes on 2
 # cores with the install (README, Layout). Two pytest-xdist workers: most tests wait on trainers, Dagster runs

@@ -19,6 +19,8 @@ from assets.evaluation import evaluation_assets
 from assets.home import pretrain_home, store_url
 from assets.mixing import mixing_assets, mixing_schedules, mixing_sensors
 from assets.recipe import Recipe, load_recipe
+from assets.scaling.fit import fit_asset
+from assets.scaling.ladder import ladder_asset
 from assets.tokenization import tokenization_assets
 from assets.training import follow_sensors, training_assets
 from resources.executor import ExecutorResource
@@ -54,6 +56,9 @@ def build_defs(recipe: Recipe) -> Definitions:
     # Mixing and training: the sweep picks the mixture, the stages train on it, each stage is evaluated.
     assets += mixing_assets(recipe)
     assets += training_assets(recipe)
+    # The scaling ladder and its fit (a recipe with a `scaling` section): the loss training/main will reach.
+    if recipe.scaling is not None:
+        assets += [ladder_asset(recipe), fit_asset(recipe)]
     assets += evaluation_assets(recipe)
     return Definitions(assets=assets, schedules=[*mixing_schedules(recipe), observe_inputs_schedule(recipe)],
                        sensors=[*mixing_sensors(recipe), *follow_sensors()], resources=build_resources())

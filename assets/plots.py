@@ -102,6 +102,34 @@ def line_chart(points: list[tuple[float, float]] | Mapping[str, list[tuple[float
     return _markdown(figure, title)
 
 
+def scatter_chart(series: Mapping[str, list[tuple[float, float]]], *, lines: Mapping[str, list[tuple[float, float]]] = {},
+                  title: str, xlabel: str, ylabel: str, logx: bool = False) -> MetadataValue:
+    """Measured points, one marked series per key (joined by a thin line), and fitted curves over them as lines
+    (a curve of one point is a star): e.g. each model size's loss against compute, and a scaling law's frontier."""
+    series = {label: points for label, points in series.items() if points}
+    lines = {label: curve for label, curve in lines.items() if curve}
+    if not series and not lines:
+        return MetadataValue.md(f"**{title}**: nothing to plot")
+    figure = _figure()
+    axes = figure.add_subplot()
+    for label, points in series.items():
+        xs, ys = zip(*points)
+        axes.plot(xs, ys, marker="o", markersize=4, linewidth=0.6, label=label)
+    for label, curve in lines.items():
+        xs, ys = zip(*curve)
+        if len(xs) == 1:
+            axes.plot(xs, ys, marker="*", markersize=11, linestyle="none", color="black", label=label)
+        else:
+            axes.plot(xs, ys, linestyle="--", linewidth=1.2, color="black", label=label)
+    axes.legend(fontsize=6, ncol=2)
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
+    axes.grid(alpha=0.3)
+    if logx:
+        axes.set_xscale("log")
+    return _markdown(figure, title)
+
+
 def count_table(counts: Mapping[str, int | float], *, key: str, value: str) -> MetadataValue:
     """{label: number} as a two-column table, largest first."""
     rows = sorted(counts.items(), key=lambda item: (-item[1], str(item[0])))

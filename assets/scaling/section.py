@@ -130,10 +130,12 @@ class Rung:
 
 
 def proxy_settings(recipe: Recipe) -> dict:
-    """The ladder's common run-config fields: training.main with scaling.proxy merged over it, no checkpoints,
-    the section's seed (each rung then sets its model size and train_tokens)."""
+    """The ladder's common run-config fields: training.main with scaling.proxy merged over it, the section's seed,
+    no checkpoints and no spike guard (each rung then sets its model size and train_tokens). Without a checkpoint
+    to roll back to, the guard's rollback request would stop a rung (as it did ablation arms, assets/curation/
+    ablation.py), and a fit needs every rung."""
     settings, _ = split_launch("scaling.proxy", merge(recipe.training.main, recipe.scaling.proxy))
-    return merge(settings, {"seed": recipe.scaling.seed,
+    return merge(settings, {"seed": recipe.scaling.seed, "guard": {"enabled": False},
                             "checkpoint": {"interval_steps": 0, "save_final": False, "resume": False}})
 
 

@@ -30,6 +30,7 @@ from assets.mixing.budget import max_epochs_of, stage_budget
 from assets.mixing.section import RESULT_FILE, weights_key
 from assets.plots import line_chart
 from assets.recipe import Recipe
+from assets.scaling.predict import predicted, prediction_metadata
 from assets.stages import check_stage, merge, split_launch
 from assets.tokenization.tokenizer import TOKENIZER_FILE
 from assets.training.inputs import packed_keys, training_inputs
@@ -107,7 +108,9 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, start_from: tuple[st
         # A run with Launchpad overrides is another output (and another checkpoint run) than the recipe's.
         return inputs.but(upstream=upstream, fingerprints=[json.dumps(overrides, sort_keys=True)] if overrides else None,
                           manifest={"lineage": lineage, "weights": weights},
-                          extra={"settings": run_settings, "found": found, "begin": begin})
+                          extra={"settings": run_settings, "found": found, "begin": begin,
+                                 # the latest scaling fit's loss for this stage: metadata, not part of its version
+                                 "prediction": predicted(inputs, recipe, name, weights)})
 
     def build(inputs: Inputs, out: Path) -> dict:
         context, work, vkey, found = inputs.context, inputs.work, inputs.version_key, inputs.extra["found"]
@@ -181,6 +184,7 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, start_from: tuple[st
             "val_loss": MetadataValue.json(summary.get("val_loss") or {}),
             "skipped_steps": len(summary.get("skipped") or []),
             "weights": MetadataValue.json(manifest["weights"]),
+            **prediction_metadata(inputs.extra.get("prediction"), summary.get("val_loss") or {}, manifest["weights"]),
             "epochs": MetadataValue.json(manifest.get("epochs") or {}),  # this stage's draws ÷ each source's tokens
             "loss_curve": _curve([(r["step"], r["loss"]) for r in train], "training loss", "loss"),
             "lr_curve": _curve([(r["step"], r["lr"]) for r in train], "learning rate", "lr"),
