@@ -8,7 +8,7 @@
                          [--tp 1] [--pp 1] [--dp 8] [--zero 3] [--micro-batches M] [--micro-batch B]
                          [--recompute none|full|selective] [--sequence-parallel K] [--price USD] [--no-attention]
     pretrain plan --params 1B,7B --tokens 20B,2T [--tflops 400] [--price 2]   (a cost table by N and D)
-    pretrain plan --budget 1.2e20                                              (compute-optimal N and D)
+    pretrain plan --budget 1.2e20 [--fit PATH_OR_URI]                          (compute-optimal N and D)
     pretrain jobs [--json]
     pretrain lineage CHECKPOINT_URI [--json] [--no-check]
     pretrain export CHECKPOINT_URI DIR [--tokenizer tokenizer.json]
@@ -141,7 +141,11 @@ def _parser() -> argparse.ArgumentParser:
     cmd.add_argument("--no-attention", action="store_true", help="FLOPs as 6·N·D, without the attention term")
     cmd.add_argument("--params", help="comma-separated parameter counts (1B,7B): a cost table by N and --tokens")
     cmd.add_argument("--tflops", type=float, default=400.0, help="achieved TFLOP/s per GPU of --params (default 400)")
-    cmd.add_argument("--budget", help="a FLOP budget (1.2e20): the compute-optimal parameters and tokens")
+    cmd.add_argument("--budget", help="a FLOP budget (1.2e20): the compute-optimal parameters and tokens, by the "
+                                      "recipe's latest scaling/fit if there is one, else 20 tokens per parameter")
+    cmd.add_argument("--fit", metavar="PATH_OR_URI",
+                     help="with --budget: a scaling fit's fit.json, or the scaling/fit output folder holding it "
+                          "(a path, file:// or s3://), instead of the recipe's latest")
     return parser
 
 
@@ -585,16 +589,18 @@ def _lineage_tokenizer(manifest: dict, tmp):
 
 
 def _plan(args) -> int:
-    # Pure arithmetic: no Dagster instance. A layout that will not fit warns but is no error (exit 0).
+    # Arithmetic: no Dagster instance, but for --budget's scaling fit. A layout that will not fit warns but is no
+    # error (exit 0).
     from assets.recipe import RecipeError, load_recipe
     from trainer.planner import plan as planner
 
     try:
+        if args.fit is not None and args.budget is None:
+            raise UsageError("--fit: goes with --budget (the compute-optimal N and D by that fit)")
         if args.budget is not None:
             flops = planner.parse_tokens(args.budget)
-            params, tokens = planner.compute_optimal(flops)
-            print(f"compute-optimal for {flops:.3g} FLOPs ({planner.TOKENS_PER_PARAMETER} tokens per parameter, "
-                  f"C = 6·N·D): {params:.3g} parameters on {tokens:.3g} tokens")
+            fit, source, no_fit = _scaling_fit(args)
+            planner.budget_report(flops, fit, fit_source=source, no_fit=no_fit, out=sys.stdout)
             return 0
         if args.params is not None:
             params = [planner.parse_tokens(p) for p in args.params.split(",")]
@@ -633,6 +639,44 @@ def _plan(args) -> int:
     except ValueError as exc:  # the planner's messages name the field
         raise UsageError(str(exc)) from None
     return 0
+
+
+def _scaling_fit(args) -> tuple:
+    """(fit, where it came from, why there is none) for `plan --budget`: --fit's file or folder, else the latest
+    scaling/fit output of the recipe's ladder in this instance, else none (the recipe has no ladder, or its fit
+    was never materialized)."""
+    from assets.recipe import load_recipe, recipe_path
+    from assets.scaling.section import FIT_FILE, fit_key
+    from storage.factory import open_store
+    from storage.objects import ObjectNotFoundError
+    from trainer.planner.scaling_law import ScalingFit
+
+    if args.fit is not None:
+        uri = args.fit.rstrip("/")
+        parent, name = uri.rpartition("/")[::2] if uri.endswith(".json") else (uri, FIT_FILE)
+        try:
+            data = open_store(parent or ".").get_bytes(name)
+        except ObjectNotFoundError:
+            raise UsageError(f"--fit: no {name} at {parent or '.'} (give a fit.json or the scaling/fit output "
+                             "folder)") from None
+        source = f"{parent}/{name}" if parent else name
+    else:
+        if args.recipe is None and not recipe_path(None).is_file():  # outside a checkout: a budget needs no recipe
+            return None, "", f"no recipe at {recipe_path(None)}; give --fit PATH_OR_URI"
+        recipe = load_recipe(args.recipe)
+        if recipe.scaling is None:
+            return None, "", f"recipe {recipe.name!r} has no scaling section; give --fit PATH_OR_URI"
+        factory = Factory(args.recipe)
+        try:
+            store, output = factory.current_output(fit_key())
+        except UsageError as exc:  # never materialized
+            return None, "", str(exc)
+        source = store.uri(f"{output.prefix}/{FIT_FILE}")
+        data = store.get_bytes(f"{output.prefix}/{FIT_FILE}")
+    try:
+        return ScalingFit.from_json(json.loads(data), source=source), source, ""
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{source}: not valid JSON ({exc})") from None
 
 
 def _training_stages(recipe) -> tuple[list[tuple], dict[str, dict]]:

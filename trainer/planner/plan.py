@@ -5,7 +5,8 @@
 
 Pure arithmetic (no torch): parameter count of the Llama layout, training FLOPs with the attention
 term, GPU-hours at a given MFU, model-state memory per GPU for a (tp, pp, dp, ZeRO) layout, the
-pipeline bubble and Young's checkpoint interval. `pretrain plan` prints these for each training stage.
+pipeline bubble and Young's checkpoint interval. `pretrain plan` prints these for each training stage,
+and for a FLOP budget the compute-optimal N and D (by a scaling fit, scaling_law.py, or Chinchilla's rule).
 Memory is decimal (1 GB = 1e9 bytes), as the device datasheets state it.
 """
 
@@ -16,6 +17,10 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the fit is read by the caller: plan's arithmetic loads no scipy
+    from trainer.planner.scaling_law import ScalingFit
 
 # Mixed-precision Adam keeps, per parameter: bf16 weights (2) + bf16 grads (2) + fp32 master weights,
 # momentum and variance (4 + 4 + 4 = 12). ZeRO-1 shards the 12, ZeRO-2 also the grads, ZeRO-3 everything.
@@ -146,6 +151,47 @@ def compute_optimal(flops: float, tokens_per_parameter: float = TOKENS_PER_PARAM
         raise ValueError(f"budget: FLOPs must be > 0, got {flops!r}")
     params = math.sqrt(flops / (6 * tokens_per_parameter))
     return params, tokens_per_parameter * params
+
+
+# Chinchilla's exponents of the compute-optimal N and D in compute: N_opt ∝ C^0.5, D_opt ∝ C^0.5 (Hoffmann et al.'s
+# approaches 1 and 2 found 0.50/0.50 and 0.49/0.51); a fixed tokens-per-parameter ratio is exactly this rule.
+CHINCHILLA_EXPONENTS = (0.5, 0.5)
+
+
+def budget_report(flops: float, fit: ScalingFit | None = None, *, fit_source: str = "", no_fit: str = "",
+                  out) -> dict:
+    """Print the compute-optimal N and D for a FLOP budget (C = 6·N·D) by the scaling fit when there is one, else by
+    Chinchilla's 20 tokens per parameter; the fit's exponents beside Chinchilla's, and which rule was applied
+    (`fit_source`: where the fit came from; `no_fit`: why there is none). Returns the figures printed."""
+    chinchilla = compute_optimal(flops)
+    if fit is None:
+        params, tokens = chinchilla
+        a, b = CHINCHILLA_EXPONENTS
+        rule = f"Chinchilla's {TOKENS_PER_PARAMETER} tokens per parameter"
+        print(f"compute-optimal for {flops:.3g} FLOPs ({TOKENS_PER_PARAMETER} tokens per parameter, C = 6·N·D): "
+              f"{params:.3g} parameters on {tokens:.3g} tokens", file=out)
+        print(f"exponents in compute  N_opt ∝ C^{a:.2f}, D_opt ∝ C^{b:.2f} (Chinchilla)", file=out)
+        print(f"rule applied          {rule}" + (f" (no scaling fit: {no_fit})" if no_fit else ""), file=out)
+        return {"rule": "chinchilla", "params": params, "tokens": tokens, "exponents": (a, b)}
+    params, tokens = fit.optimal(flops)
+    a, b = fit.exponents()
+    loss = fit.predict(params, tokens)
+
+    def interval(key: str) -> str:
+        lo, hi = fit.intervals.get(key, (None, None))
+        return "" if lo is None else f" (5–95%: {lo:.3f}–{hi:.3f})"
+
+    rule = "the scaling fit"
+    print(f"compute-optimal for {flops:.3g} FLOPs (the scaling fit, C = 6·N·D): {params:.3g} parameters on "
+          f"{tokens:.3g} tokens ({tokens / params:.1f} tokens per parameter), predicted loss {loss:.4f}", file=out)
+    print(f"exponents in compute  N_opt ∝ C^{a:.3f}{interval('a')}, D_opt ∝ C^{b:.3f}{interval('b')}; "
+          f"Chinchilla's: {CHINCHILLA_EXPONENTS[0]:.2f} and {CHINCHILLA_EXPONENTS[1]:.2f}", file=out)
+    print(f"Chinchilla's rule     {chinchilla[0]:.3g} parameters on {chinchilla[1]:.3g} tokens "
+          f"({TOKENS_PER_PARAMETER} tokens per parameter), predicted loss {fit.predict(*chinchilla):.4f}", file=out)
+    print(f"rule applied          {rule}: L = {fit.E:.4g} + {fit.A:.4g}/N^{fit.alpha:.4f} + {fit.B:.4g}/D^{fit.beta:.4f}"
+          f" over {fit.points} points, from {fit_source}" + (f" ({fit.rule})" if fit.rule else ""), file=out)
+    print("                      N counts parameters as the fit's points do (scaling/fit: non-embedding ones)", file=out)
+    return {"rule": "fit", "params": params, "tokens": tokens, "exponents": (a, b), "loss": loss}
 
 
 def cost_row(params: float, tokens: float, *, flops_per_s: float, price_per_gpu_hour: float | None = None) -> dict:

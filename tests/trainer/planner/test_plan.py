@@ -194,8 +194,98 @@ def test_pretrain_plan_prints_the_seed_table_and_the_compute_optimal_size(capsys
     assert [r[2] for r in rows] == ["1.20e+20", "8.40e+22", "6.30e+24", "3.60e+25"]
     assert [r[3] for r in rows] == ["83", "58,333", "4,375,000", "25,000,000"] and rows[0][4] == "$167"
     assert main(["plan", "--budget", "1.2e20"]) == 0
-    assert "1e+09 parameters on 2e+10 tokens" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "1e+09 parameters on 2e+10 tokens" in out
+    # The demo recipe has no ladder: Chinchilla's rule, and the output says so.
+    assert "N_opt ∝ C^0.50, D_opt ∝ C^0.50 (Chinchilla)" in out
+    assert ("rule applied          Chinchilla's 20 tokens per parameter (no scaling fit: recipe 'demo' has no scaling "
+            "section; give --fit PATH_OR_URI)") in out
     assert compute_optimal(8.4e22) == pytest.approx((math.sqrt(8.4e22 / 120), 20 * math.sqrt(8.4e22 / 120)))
+
+
+# Besiroglu et al. 2024's refit of Chinchilla's own losses (the published E, A, B, α, β imply ~70 tokens per parameter;
+# this one agrees with the paper's other approaches and with Chinchilla itself: 70B parameters on 1.4T tokens).
+EPOCH_FIT = {"E": 1.8172, "A": 482.01, "B": 2085.43, "alpha": 0.3478, "beta": 0.3658}
+
+
+def test_plan_budget_applies_a_fit_file_and_prints_its_exponents_beside_chinchillas(tmp_path, capsys):
+    from trainer.planner.scaling_law import ScalingFit
+
+    fit = ScalingFit(**EPOCH_FIT, points=245, rule="Chinchilla approach 3")
+    (tmp_path / "fit.json").write_text(json.dumps(fit.to_json()))
+    gopher = 5.76e23  # Gopher's and Chinchilla's budget
+    for where in (tmp_path / "fit.json", tmp_path, f"file://{tmp_path}/"):  # the file, or the output folder holding it
+        assert main(["plan", "--budget", f"{gopher:g}", "--fit", str(where)]) == 0
+        out = capsys.readouterr().out
+        lines = out.splitlines()
+        assert lines[0].startswith("compute-optimal for 5.76e+23 FLOPs (the scaling fit, C = 6·N·D): 7.22e+10 "
+                                   "parameters on 1.33e+12 tokens (18.4 tokens per parameter), predicted loss 1.9744")
+        # a = β/(α+β) = 0.513, b = α/(α+β) = 0.487, beside Chinchilla's 0.5 each.
+        assert lines[1] == "exponents in compute  N_opt ∝ C^0.513, D_opt ∝ C^0.487; Chinchilla's: 0.50 and 0.50"
+        # Epoch's law agrees with the rule: its optimum is 4% larger and 0.0001 lower in loss.
+        assert lines[2] == ("Chinchilla's rule     6.93e+10 parameters on 1.39e+12 tokens (20 tokens per parameter), "
+                            "predicted loss 1.9745")
+        assert lines[3].startswith("rule applied          the scaling fit: L = 1.817 + 482/N^0.3478 + 2085/D^0.3658 "
+                                   "over 245 points, from ")
+        assert "fit.json" in lines[3]
+    n_opt, d_opt = fit.optimal(gopher)
+    assert n_opt == pytest.approx(70e9, rel=0.05) and d_opt == pytest.approx(1.4e12, rel=0.06)  # Chinchilla's size
+
+    assert main(["plan", "--budget", "1e20", "--fit", str(tmp_path / "nowhere")]) == 2
+    assert f"--fit: no fit.json at {tmp_path / 'nowhere'}" in capsys.readouterr().err
+    data = fit.to_json()
+    del data["beta"]
+    (tmp_path / "broken.json").write_text(json.dumps(data))
+    assert main(["plan", "--budget", "1e20", "--fit", str(tmp_path / "broken.json")]) == 2
+    assert "broken.json: beta: missing" in capsys.readouterr().err
+    assert main(["plan", "--fit", str(tmp_path / "fit.json")]) == 2
+    assert "--fit: goes with --budget" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # loads the ladder recipe's definitions twice
+def test_plan_budget_reads_the_latest_scaling_fit_of_the_recipes_ladder(tmp_path, capsys):
+    """The ladder recipe: no fit materialized yet, Chinchilla's rule; then the fit engine's fit.json committed as
+    scaling/fit's output and recorded in the instance, as the asset does, and plan applies it."""
+    import numpy as np
+    from dagster import AssetMaterialization, DagsterInstance
+
+    from assets.core.upstream import output_location
+    from assets.home import store_url
+    from assets.recipe import REPO_ROOT
+    from assets.scaling.section import FIT_FILE, fit_key
+    from storage.factory import open_store
+    from storage.manifest import commit_folder
+    from trainer.planner.scaling_law import fit_scaling_law
+
+    recipe = str(REPO_ROOT / "recipes" / "ladder.yaml")
+    assert main(["plan", "--budget", "1e18", "--recipe", recipe]) == 0
+    out = capsys.readouterr().out
+    assert "(no scaling fit: scaling/fit has never been materialized" in out
+
+    # Losses of a known law at 5 sizes × 3 budgets, 0.5% noise: the engine's fit, as scaling/fit writes it.
+    rng = np.random.default_rng(0)
+    e, a, b, alpha, beta = (EPOCH_FIT[k] for k in ("E", "A", "B", "alpha", "beta"))
+    points = [(n, n * k, (e + a / n**alpha + b / (n * k) ** beta) * math.exp(rng.normal(0, 0.005)))
+              for n in (1e6, 1e7, 1e8, 1e9, 1e10) for k in (5, 20, 80)]
+    fit = fit_scaling_law(points, bootstrap=4)
+    folder = tmp_path / "fit"
+    folder.mkdir()
+    (folder / FIT_FILE).write_text(json.dumps(fit.to_json()))
+    store = open_store(store_url())
+    prefix = "scaling/fit/v1"
+    commit_folder(store, prefix, folder, {"asset": "scaling/fit"})
+    DagsterInstance.get().report_runless_asset_event(AssetMaterialization(fit_key(), metadata=output_location(store, prefix)))
+
+    assert main(["plan", "--budget", "1e18", "--recipe", recipe]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    n_opt, d_opt = fit.optimal(1e18)
+    a, b = fit.exponents()
+    assert lines[0].startswith(f"compute-optimal for 1e+18 FLOPs (the scaling fit, C = 6·N·D): {n_opt:.3g} parameters "
+                               f"on {d_opt:.3g} tokens")
+    low, high = fit.intervals["a"]
+    assert lines[1].startswith(f"exponents in compute  N_opt ∝ C^{a:.3f} (5–95%: {low:.3f}–{high:.3f}), D_opt ∝ C^{b:.3f}")
+    assert lines[3].endswith(f"from {store.uri(prefix + '/' + FIT_FILE)} ({fit.rule})")
+    assert abs(a - 0.513) < 0.03  # the law's own a = β/(α+β), recovered through the whole path
 
 
 def test_the_attention_term_is_stated_and_can_be_left_out():
