@@ -68,8 +68,24 @@ class ModelConfig(_Config):
     # torch.compile of every block (names and checkpoints unchanged); None: on CUDA only, where it pays for its
     # compile time (on a CPU it costs more than a short run gains).
     compile: bool | None = None
+    # standard: today's model (init_std everywhere, 1/sqrt(head dim) attention, one LR). mup: Tensor Programs V's
+    # μP for Adam (trainer.model.transformer.Transformer.width_mult): the model at d_model = mup_base_width (same
+    # n_heads, n_layers) is the standard one, and an LR tuned there holds at other widths. Changes the model's
+    # function, so a checkpoint resumes, continues or initialises only a run of the same two settings.
+    parametrization: Literal["standard", "mup"] = "standard"
+    mup_base_width: int | None = None  # the width the LR was tuned at (mup only, where it is required)
 
     def _check(self) -> None:
+        if self.parametrization == "mup":
+            if self.mup_base_width is None:
+                raise ValueError("model.mup_base_width: required with model.parametrization = \"mup\" (the width "
+                                 "whose tuned learning rate the run takes over)")
+            if self.mup_base_width < self.n_heads or self.mup_base_width % self.n_heads:
+                raise ValueError(f"model.mup_base_width ({self.mup_base_width}) must be a multiple of model.n_heads "
+                                 f"({self.n_heads}): the base model has the same heads, of mup_base_width/n_heads dims")
+        elif self.mup_base_width is not None:
+            raise ValueError("model.mup_base_width is read only with model.parametrization = \"mup\" (this run is "
+                             "\"standard\")")
         if self.checkpoint_every < 1:
             raise ValueError(f"model.checkpoint_every must be >= 1, got {self.checkpoint_every}")
         for name in ("vocab_size", "d_model", "n_layers", "n_heads"):
@@ -475,6 +491,9 @@ class RunConfig(_Config):
             (self.batch.ramp_start is not None, "batch.ramp_start: a batch-size ramp cannot be combined with "
                                                 "parallel.pipeline > 1 (DeepSpeed's pipeline fixes its micro-batch "
                                                 "count when built)"),
+            (self.model.parametrization == "mup", "model.parametrization \"mup\" cannot be combined with "
+                                                  "parallel.pipeline > 1 (the pipeline's last stage computes the "
+                                                  "logits without μP's output multiplier)"),
         ]
         for bad, message in refused + self._split_refusals("parallel.pipeline", "a pipeline's stages"):
             if bad:
@@ -495,6 +514,8 @@ class RunConfig(_Config):
                                                "> 1 (Ulysses over tensor-parallel heads is not built)"),
             (self.deepspeed.zero_stage == 3, "deepspeed.zero_stage must be 0, 1 or 2 with parallel.tensor > 1 "
                                              "(AutoTP under ZeRO-3 is not tested here)"),
+            (m.parametrization == "mup", "model.parametrization \"mup\" cannot be combined with parallel.tensor > 1 "
+                                         "(μP's per-group learning rates under AutoTP's shards are not tested here)"),
             (self.deepspeed.bf16 is True and self.deepspeed.zero_stage == 0,
              "deepspeed.bf16 true with parallel.tensor > 1 needs deepspeed.zero_stage 1 or 2 (" + TENSOR_BF16_ZERO0
              + ")"),

@@ -13,18 +13,32 @@ import torch
 from torch import nn
 
 from trainer.config import BatchConfig, OptimConfig, ScheduleConfig
+from trainer.model.transformer import Transformer
 
 
 def param_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
-    """Two groups: decayed matrices, and undecayed norm gains / biases (and embeddings unless asked)."""
+    """Two groups: decayed matrices, and undecayed norm gains / biases (and embeddings unless asked).
+
+    Under μP (a Transformer with model.parametrization "mup" in `model`) the hidden matrices are a third group,
+    "hidden", first: its `lr_scale` 1/m is μP's Adam LR for hidden weights (TP5 Table 8; the embedding, head and
+    norm gains keep the base width's LR), and set_lr multiplies the schedule's LR by it at every step. Its weight
+    decay is × m, so AdamW's decoupled decay per step (LR × weight_decay) is the base width's, as the mup package's
+    MuAdamW does for torch's AdamW (decoupled_wd=False): the decay's timescale does not grow with width."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    decay, no_decay = [], []
+    mup = [t for t in model.modules() if isinstance(t, Transformer) and t.cfg.parametrization == "mup"]
+    hidden_ids = {id(p) for t in mup for p in t.hidden_matrices()}
+    hidden, decay, no_decay = [], [], []
     for p in model.parameters():
         if not p.requires_grad:
             continue
         is_matrix = p.ndim >= 2 and (cfg.decay_embeddings or id(p) not in embeddings)
-        (decay if is_matrix else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay, "name": "decay"}]
+        (hidden if id(p) in hidden_ids else decay if is_matrix else no_decay).append(p)
+    groups = []
+    if mup:
+        m = mup[0].width_mult
+        groups.append({"params": hidden, "lr": cfg.lr / m, "weight_decay": cfg.weight_decay * m, "lr_scale": 1.0 / m,
+                       "name": "hidden"})
+    groups.append({"params": decay, "weight_decay": cfg.weight_decay, "name": "decay"})
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0, "name": "no_decay"})
     return groups
@@ -95,5 +109,6 @@ def batch_at(tokens_seen: int, cfg: BatchConfig) -> int:
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """The schedule's LR on every group, times the group's own `lr_scale` (μP's hidden group; 1 elsewhere)."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group["lr_scale"] if "lr_scale" in group else lr

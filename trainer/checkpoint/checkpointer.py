@@ -72,6 +72,7 @@ from trainer.exits import TrainerExit
 from trainer.planner.plan import young_checkpoint_interval
 from trainer.checkpoint.rank_upload import Confirmations, RankUploader, expand_local_dir, fetch, find_committed, rank_dir
 from trainer.checkpoint.universal import to_universal
+from trainer.checkpoint.weights import parametrization_change
 from trainer.checkpoint.uploader import Uploader
 
 if TYPE_CHECKING:
@@ -152,7 +153,12 @@ def check_layout(point: ResumePoint, cfg: RunConfig) -> None:
     """A split model's DeepSpeed files (a pipeline's per stage, a tensor-parallel group's per shard) load into the
     same split only: each rank of a new data-parallel replica loads its stage's or shard's files (ZeRO-0), and ZeRO-1
     partitions go through the universal checkpoint as without a split; no conversion between splits is built.
-    ResumeRefused else, naming both."""
+    Nor between parametrizations (model.parametrization, model.mup_base_width): the weights would compute another
+    function, and μP's optimizer has another parameter group. ResumeRefused else, naming both."""
+    changed = parametrization_change(point.manifest, cfg.model)
+    if changed:
+        raise ResumeRefused(f"checkpoint {point.path}: {changed}: a checkpoint resumes or is continued only with the "
+                            "parametrization it was trained in")
     saved = point.manifest.get("config", {}).get("parallel", {})
     layout = lambda parallel: {name: parallel.get(name, 1) for name in ("pipeline", "tensor")}
     before, now = layout(saved), layout(cfg.parallel.model_dump())

@@ -62,6 +62,10 @@ def load_initial_weights(model: torch.nn.Module, uri: str, cache_dir: str | Path
     """Initialise `model` (a CausalLM) from another run's checkpoint: weights only (a new stage starts
     its own optimizer and schedule). Returns that checkpoint's manifest."""
     state, manifest = checkpoint_weights(local_step(uri, cache_dir))
+    changed = parametrization_change(manifest, model.transformer.cfg)
+    if changed:
+        raise ValueError(f"init_from {uri}: {changed}: the same weights compute another function under another "
+                         "parametrization; give this stage the checkpoint's model.parametrization and model.mup_base_width")
     own = model.state_dict()
     missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in sorted(set(own) & set(state))
@@ -75,6 +79,19 @@ def load_initial_weights(model: torch.nn.Module, uri: str, cache_dir: str | Path
 
 # What fixes the shapes of the weights and Adam moments: a continued run may change anything else (rope_base).
 SHAPE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "kv_heads", "ff_dim", "qk_norm")
+# What, beyond the shapes, fixes the function the weights compute (μP's multipliers, trainer.model.transformer) and
+# the optimizer's parameter groups: a checkpoint resumes, continues or initialises only a run that agrees on them.
+PARAMETRIZATION_FIELDS = ("parametrization", "mup_base_width")
+
+
+def parametrization_change(manifest: dict, model: ModelConfig) -> str | None:
+    """The model.* fields of PARAMETRIZATION_FIELDS on which the checkpoint's run and `model` differ, with both values
+    ("model.parametrization "mup" vs "standard""); None when they agree. A checkpoint from before these fields
+    existed was standard (model_config fills in the defaults)."""
+    theirs = model_config(manifest)
+    differ = [f"model.{k} {getattr(theirs, k)!r} in the checkpoint, {getattr(model, k)!r} in this run"
+              for k in PARAMETRIZATION_FIELDS if getattr(theirs, k) != getattr(model, k)]
+    return "; ".join(differ) or None
 
 
 def continued_step(uri: str, cache_dir: str | Path, model: ModelConfig, dist) -> ResumePoint:

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from trainer.config import ModelConfig
+from trainer.model.transformer import standard_weights
 
 
 class ExportError(ValueError):
@@ -61,7 +62,8 @@ def hf_llama_state_dict(state_dict: dict[str, torch.Tensor], cfg: ModelConfig) -
     """Our parameter names (CausalLM's, or Transformer's) -> Llama's, as contiguous fp32 tensors."""
     if cfg.qk_norm:
         raise ExportError("model.qk_norm: a Llama model has no QK-norm; this model cannot be exported as Llama")
-    sd = {k.removeprefix("transformer."): v for k, v in state_dict.items()}
+    # A μP model's output and attention multipliers, which Llama does not have, folded into its weights.
+    sd = {k.removeprefix("transformer."): v for k, v in standard_weights(state_dict, cfg).items()}
     names = {"tok_emb.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
              "head.weight": "lm_head.weight"}
     per_layer = {"attn_norm.weight": "input_layernorm.weight", "mlp_norm.weight": "post_attention_layernorm.weight",

@@ -7,10 +7,21 @@
 Packed sequences: attention never crosses a document boundary. FlexAttention with a document block
 mask runs on CUDA (compiled); elsewhere SDPA gets an explicit block-diagonal causal mask built from
 doc_ids (FlexAttention runs on CPU only unfused and eagerly, far slower than SDPA there).
+
+μP (model.parametrization "mup"): Tensor Programs V (Yang et al. 2022, arXiv 2203.03466), Table 8, its
+formulation with an output multiplier, for Adam, relative to the base width (m = d_model / mup_base_width):
+    hidden weights (every block's matrices)   init variance ∝ 1/fan_in (std × 1/√m), Adam LR × 1/m
+    input weights (the embedding), norm gains init and Adam LR as at the base width
+    output weights (the head)                 init and Adam LR as at the base width, logits × 1/m
+    attention                                 q·k / d_head (TP5 §4) instead of / √d_head, times √(base d_head):
+                                              the scale is √(base d_head)/d_head, so m = 1 keeps 1/√d_head
+So at d_model = mup_base_width the model, its initialisation and its learning rates are the standard ones.
+The learning rates are per parameter group (trainer.optim.param_groups: `lr_scale`, which the schedule multiplies).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -75,20 +86,35 @@ def flex_document_mask(doc_ids: torch.Tensor):
     return create_block_mask(document_mask_mod(doc_ids), B, None, T, T, device=doc_ids.device)
 
 
-def _flex_attention(q, k, v, block_mask):
+def _flex_attention(q, k, v, block_mask, scale=None):
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
 
     if _compiled_flex is None:
         # Uncompiled, FlexAttention materialises the full score matrix; compiled it skips masked blocks.
         _compiled_flex = torch.compile(flex_attention, dynamic=False)
-    return _compiled_flex(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
+    return _compiled_flex(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1], scale=scale)
+
+
+def attention_scale(cfg: ModelConfig) -> float | None:
+    """The factor on q·k: None (SDPA's and FlexAttention's default 1/√d_head) for the standard model; under μP
+    √(base d_head)/d_head, 1/d_head as TP5 asks (q and k grow correlated in training, so q·k grows like d_head, not
+    √d_head), times the constant that makes it 1/√d_head at the base width (d_head = mup_base_width / n_heads)."""
+    if cfg.parametrization == "standard":
+        return None
+    return math.sqrt(cfg.mup_base_width // cfg.n_heads) / cfg.head_dim
+
+
+def width_mult(cfg: ModelConfig) -> float:
+    """m = d_model / mup_base_width under μP (1.0 for the standard model)."""
+    return cfg.d_model / cfg.mup_base_width if cfg.parametrization == "mup" else 1.0
 
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
+        self.scale = attention_scale(cfg)
         hd = cfg.head_dim
         self.wq = nn.Linear(cfg.d_model, cfg.n_heads * hd, bias=False)
         self.wk = nn.Linear(cfg.d_model, cfg.kv_heads * hd, bias=False)
@@ -110,24 +136,26 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if sp is not None:  # Ulysses: (B, T/k, H, hd) -> attention on H/k heads of the whole sequence -> back
-            y = sp.attention(_attention_bthd)(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0, None, mask)
+            local = _attention_bthd if self.scale is None else functools.partial(_attention_bthd, scale=self.scale)
+            y = sp.attention(local)(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0, None, mask)
             return self.wo(y.reshape(B, T, -1))
-        return self.wo(_attention(q, k, v, mask).transpose(1, 2).reshape(B, T, -1))
+        return self.wo(_attention(q, k, v, mask, self.scale).transpose(1, 2).reshape(B, T, -1))
 
 
-def _attention(q, k, v, mask):
-    """q (B, H, T, hd), k and v (B, KV, T, hd) -> (B, H, T, hd); mask as Attention.forward's."""
+def _attention(q, k, v, mask, scale=None):
+    """q (B, H, T, hd), k and v (B, KV, T, hd) -> (B, H, T, hd); mask as Attention.forward's; scale on q·k (None:
+    1/√hd)."""
     gqa = q.shape[1] != k.shape[1]
     if mask is not None and not isinstance(mask, torch.Tensor):
-        return _flex_attention(q, k, v, mask)
+        return _flex_attention(q, k, v, mask, scale)
     if mask is not None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa, scale=scale)
 
 
-def _attention_bthd(q, k, v, mask):
+def _attention_bthd(q, k, v, mask, scale=None):
     """_attention on (B, T, heads, hd) tensors, the layout DeepSpeed's Ulysses attention hands over."""
-    return _attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask).transpose(1, 2)
+    return _attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, scale).transpose(1, 2)
 
 
 class SwiGLU(nn.Module):
@@ -176,6 +204,7 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.width_mult = width_mult(cfg)  # μP's m (1.0 standard): hidden init and LR, and the logits, scale by it
         self.reset_parameters()
 
     @torch.no_grad()
@@ -183,10 +212,18 @@ class Transformer(nn.Module):
         # normal(0, 0.02); the projections that write into the residual stream scaled by 1/sqrt(2L)
         # so the residual's variance does not grow with depth (GPT-2 / Megatron).
         std, out_std = self.cfg.init_std, self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
+        hidden = {id(p) for p in self.hidden_matrices()} if self.width_mult != 1.0 else set()
         for name, p in self.named_parameters():
             if p.ndim < 2:
                 continue  # norm gains stay 1
-            nn.init.normal_(p, mean=0.0, std=out_std if name.endswith(("attn.wo.weight", "mlp.w2.weight")) else std)
+            s = out_std if name.endswith(("attn.wo.weight", "mlp.w2.weight")) else std
+            # μP: a hidden weight's variance goes as 1/fan_in (TP5 Table 8), the base width's at m = 1.
+            nn.init.normal_(p, mean=0.0, std=s / math.sqrt(self.width_mult) if id(p) in hidden else s)
+
+    def hidden_matrices(self) -> list[nn.Parameter]:
+        """μP's hidden weights: the matrices whose two sides both grow with width (every block's projections). Not the
+        embedding (its input side is the vocabulary) nor the head (its output side is): those are vector-like."""
+        return [p for p in self.blocks.parameters() if p.ndim >= 2]
 
     def forward(self, tokens, doc_ids=None, positions=None, sp=None):
         """tokens (B, T) -> logits (B, T, V). doc_ids (B, T) confine attention to each document;
@@ -208,7 +245,9 @@ class Transformer(nn.Module):
         x = self.tok_emb(tokens)  # (B, T, C)
         for i, block in enumerate(self.blocks):
             x = block(x, cos, sin, mask, recompute=self.recompute(i) if torch.is_grad_enabled() else "none", sp=sp)
-        return self.head(self.norm(x))  # (B, T, V)
+        logits = self.head(self.norm(x))  # (B, T, V)
+        # μP's output multiplier 1/m (TP5 Table 8): the head's update moves each logit by O(1), not O(width).
+        return logits if self.cfg.parametrization == "standard" else logits * (1.0 / self.width_mult)
 
     def compile_blocks(self) -> None:
         """torch.compile each block in place (parameter names stay, so do checkpoints): fused kernels for the
@@ -250,3 +289,22 @@ class CausalLM(nn.Module):
         logits = self.transformer(inputs, doc_ids=doc_ids, positions=positions, sp=sp)
         loss, ce = lm_loss(logits, targets, self.transformer.cfg.z_loss)
         return loss, ce.detach()
+
+
+def standard_weights(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """The weights (CausalLM's or Transformer's names) of the standard model that computes what the μP model `cfg`
+    computes with `state`, for a format that knows neither μP multiplier (the Hugging Face export): the logits' 1/m
+    folded into the head, the attention's factor over 1/√d_head into wq (RoPE rotates q linearly, so a constant
+    passes through it), or into q_norm's gain with QK-norm. The state itself when the model is standard."""
+    if cfg.parametrization == "standard":
+        return state
+    q_factor = attention_scale(cfg) * math.sqrt(cfg.head_dim)
+    q_weight = "attn.q_norm.weight" if cfg.qk_norm else "attn.wq.weight"
+    out = {}
+    for name, t in state.items():
+        if name.removeprefix("transformer.") == "head.weight":
+            t = t * (1.0 / width_mult(cfg))
+        elif name.endswith(q_weight):
+            t = t * q_factor
+        out[name] = t
+    return out

@@ -1,0 +1,217 @@
+"""μP (model.parametrization "mup"): the model at the base width is the standard one, the multipliers reach the
+optimizer's groups through the schedule and DeepSpeed, activations stay flat across widths after a step, and the
+best learning rate of a grid holds from width 32 to 256 where the standard model's moves.
+
+The grids train the project's own model (trainer.model.transformer) with its optimizer (trainer.optim: the param
+groups, set_lr, lr_at) on real text (tinyshakespeare as bytes), seeded, the same batches for every run of a grid.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import SHARED_DATA
+from tests.trainer.conftest import run_dict
+from trainer.config import ModelConfig, OptimConfig, RunConfig, ScheduleConfig, from_dict
+from trainer.model.transformer import CausalLM, Transformer, standard_weights
+from trainer.optim import build_optimizer, lr_at, set_lr
+
+BYTES = np.frombuffer((SHARED_DATA / "books" / "tinyshakespeare.txt").read_bytes(), dtype=np.uint8)
+HELD_OUT = int(len(BYTES) * 0.9)  # the last tenth: the grids' validation text
+BASE = 32
+
+
+def shape(width: int, parametrization: str = "mup", **fields) -> ModelConfig:
+    """A byte-level model of `width`; its MLP is 2 × width wide (Llama's rounding to 64 would make it 4× at width 32
+    and 2.75× at 256: μP scales every hidden matrix by the one ratio d_model / mup_base_width)."""
+    mup = {"parametrization": "mup", "mup_base_width": BASE} if parametrization == "mup" else {}
+    return ModelConfig(vocab_size=256, d_model=width, n_layers=fields.pop("n_layers", 2), n_heads=4, d_ff=2 * width,
+                       attention="sdpa", doc_positions=False, **mup, **fields)
+
+
+def windows(seed: int, count: int, batch: int, seq_len: int, held_out: bool = False) -> list[torch.Tensor]:
+    """`count` batches of `batch` windows of seq_len + 1 bytes at seeded positions of the training (or held-out) text."""
+    lo, hi = (HELD_OUT, len(BYTES)) if held_out else (0, HELD_OUT)
+    starts = np.random.default_rng(seed).integers(lo, hi - seq_len - 1, size=(count, batch))
+    return [torch.from_numpy(np.stack([BYTES[s:s + seq_len + 1] for s in row]).astype(np.int64)) for row in starts]
+
+
+# -- the model and its groups -------------------------------------------------------------------------------------
+
+def test_mup_at_the_base_width_is_the_standard_model():
+    x = windows(0, 1, 2, 32)[0][:, :-1]
+    torch.manual_seed(0)
+    standard = CausalLM(shape(BASE, "standard"))
+    torch.manual_seed(0)
+    mup = CausalLM(shape(BASE))
+    assert all(torch.equal(a, b) for a, b in zip(standard.parameters(), mup.parameters()))
+    torch.testing.assert_close(mup.transformer(x), standard.transformer(x), rtol=0, atol=1e-6)
+    # The same learning rate on every parameter (the hidden group's scale is 1) and the same weight decay.
+    lrs = []
+    for model in (standard, mup):
+        optimizer = build_optimizer(model, OptimConfig())
+        set_lr(optimizer, 1e-3)
+        lrs.append({id(p): (g["lr"], g["weight_decay"]) for g in optimizer.param_groups for p in g["params"]})
+    assert list(lrs[0].values()) == list(lrs[1].values())
+
+
+def test_the_standard_model_keeps_its_two_groups_and_the_schedules_lr():
+    optimizer = build_optimizer(CausalLM(shape(64, "standard")), OptimConfig(lr=1e-3))
+    set_lr(optimizer, 0.00123)
+    assert [(g["name"], g["lr"], "lr_scale" in g) for g in optimizer.param_groups] == [
+        ("decay", 0.00123, False), ("no_decay", 0.00123, False)]
+
+
+def test_hidden_matrices_get_the_width_ratio_in_init_lr_and_weight_decay_and_the_logits_the_output_multiplier():
+    width, m = 256, 256 / BASE
+    torch.manual_seed(0)
+    model = CausalLM(shape(width))
+    t = model.transformer
+    assert t.width_mult == m and t.blocks[0].attn.scale == pytest.approx(math.sqrt(BASE // 4) / (width // 4))
+    # Hidden weights: std × 1/√m (variance ∝ 1/fan_in); the embedding and head keep init_std.
+    assert t.blocks[0].attn.wq.weight.std().item() == pytest.approx(0.02 / math.sqrt(m), rel=0.02)
+    assert t.blocks[0].mlp.w2.weight.std().item() == pytest.approx(0.02 / math.sqrt(2 * 2) / math.sqrt(m), rel=0.02)
+    assert t.head.weight.std().item() == pytest.approx(0.02, rel=0.02)
+    assert t.tok_emb.weight.std().item() == pytest.approx(0.02, rel=0.02)
+    optimizer = build_optimizer(model, OptimConfig(lr=3e-3, weight_decay=0.1))
+    schedule = ScheduleConfig(kind="cosine", warmup_tokens=100)
+    lr = lr_at(50, peak_lr=3e-3, train_tokens=1000, cfg=schedule)
+    set_lr(optimizer, lr)
+    groups = {g["name"]: g for g in optimizer.param_groups}
+    assert {id(p) for p in groups["hidden"]["params"]} == {id(p) for p in t.hidden_matrices()}
+    assert len(groups["hidden"]["params"]) == 2 * 7  # wq wk wv wo w1 w2 w3 of 2 blocks
+    assert groups["hidden"]["lr"] == pytest.approx(lr / m) and groups["hidden"]["weight_decay"] == pytest.approx(0.1 * m)
+    assert [p is t.head.weight for p in groups["decay"]["params"]] == [True]
+    assert groups["decay"]["lr"] == lr and groups["no_decay"]["lr"] == lr
+    # The logits are the head's output × 1/m.
+    head = []
+    t.head.register_forward_hook(lambda module, args, out: head.append(out))
+    with torch.no_grad():
+        logits = t(windows(0, 1, 2, 16)[0][:, :-1])
+    torch.testing.assert_close(logits, head[0] / m, rtol=0, atol=0)
+
+
+def test_the_standard_models_weights_compute_what_the_mup_model_does():
+    """What the Hugging Face export writes (trainer.evaluation.export): both multipliers folded into the weights."""
+    for qk_norm in (False, True):
+        torch.manual_seed(0)
+        mup = Transformer(shape(128, qk_norm=qk_norm))
+        standard = Transformer(shape(128, "standard", qk_norm=qk_norm))
+        for p in mup.parameters():  # norm gains away from 1, so a factor folded into q_norm is seen
+            p.data.add_(0.01 * torch.randn_like(p))
+        standard.load_state_dict(standard_weights(mup.state_dict(), mup.cfg))
+        x = windows(1, 1, 2, 32)[0][:, :-1]
+        with torch.no_grad():
+            torch.testing.assert_close(standard(x), mup(x), rtol=1e-5, atol=1e-5)
+    # The export takes those weights (a Llama model has neither multiplier).
+    from trainer.evaluation.export import hf_llama_state_dict
+
+    mup = Transformer(shape(128))
+    exported = hf_llama_state_dict(mup.state_dict(), mup.cfg)
+    assert torch.equal(exported["lm_head.weight"], mup.head.weight.detach() / 4)
+    assert torch.equal(exported["model.layers.0.self_attn.q_proj.weight"],
+                       mup.blocks[0].attn.wq.weight.detach() * (math.sqrt(8) / 32 * math.sqrt(32)))
+
+
+def test_settings_and_layouts_mup_cannot_take_are_refused_naming_the_field(tmp_path):
+    with pytest.raises(ValueError, match=r"model.mup_base_width: required with model.parametrization = \"mup\""):
+        ModelConfig(parametrization="mup")
+    with pytest.raises(ValueError, match=r"model.mup_base_width is read only with model.parametrization = \"mup\""):
+        ModelConfig(mup_base_width=64)
+    with pytest.raises(ValueError, match=r"model.mup_base_width \(66\) must be a multiple of model.n_heads \(4\)"):
+        ModelConfig(parametrization="mup", mup_base_width=66)
+    with pytest.raises(ValueError, match=r"model.parametrization: must be one of \['standard', 'mup'\], got 'sp'"):
+        from_dict(ModelConfig, {"parametrization": "sp"}, "model")
+    mup = {"parametrization": "mup", "mup_base_width": 32}
+    for parallel, field in (({"pipeline": 2}, "parallel.pipeline"), ({"tensor": 2}, "parallel.tensor")):
+        with pytest.raises(ValueError, match=rf"model.parametrization \"mup\" cannot be combined with {field} > 1"):
+            from_dict(RunConfig, run_dict(tmp_path, model=mup, parallel=parallel,
+                                          sdc={"enabled": False}, straggler={"enabled": False}))
+
+
+# -- the coordinate check --------------------------------------------------------------------------------------------
+
+def activation_scales(width: int, parametrization: str, *, lr: float = 2**-6, seed: int = 0) -> dict[str, float]:
+    """Mean |x| of each block's output (the residual stream), of each attention and MLP output and of the logits, on
+    a held-out batch after one Adam step at `lr` on a training batch."""
+    torch.manual_seed(seed)
+    model = CausalLM(shape(width, parametrization))
+    optimizer = build_optimizer(model, OptimConfig(lr=lr, weight_decay=0.0))
+    optimizer.gate = lambda: True  # GatedAdamW: open, as the spike guard's gate is on a normal step
+    [train], [probe] = windows(seed, 1, 8, 64), windows(seed, 1, 8, 64, held_out=True)
+    set_lr(optimizer, lr)
+    loss, _ = model(train[:, :-1], train[:, 1:])
+    loss.backward()
+    optimizer.step()
+    scales = {}
+    for i, block in enumerate(model.transformer.blocks):
+        for name, module in (("block", block), ("attn", block.attn), ("mlp", block.mlp)):
+            module.register_forward_hook(lambda m, a, out, key=f"{name}{i}": scales.__setitem__(key, out.abs().mean().item()))
+    with torch.no_grad():
+        scales["logits"] = model.transformer(probe[:, :-1]).abs().mean().item()
+    return scales
+
+
+def test_coordinate_check_activations_stay_flat_across_widths_under_mup_and_grow_under_the_default():
+    widths = (32, 64, 128, 256)
+    table = {p: [activation_scales(w, p) for w in widths] for p in ("mup", "standard")}
+    for p, rows in table.items():
+        print(f"{p:>8} " + " ".join(f"{k:>7}" for k in rows[0]))
+        for w, row in zip(widths, rows):
+            print(f"{w:>8} " + " ".join(f"{v:7.4f}" for v in row.values()))
+    for key in ("block0", "block1"):  # the residual stream after each block
+        mup = [row[key] for row in table["mup"]]
+        standard = [row[key] for row in table["standard"]]
+        # Measured (seeds 0-2, lr 2^-7 and 2^-6): μP's largest / smallest at most 1.5, the default's 256 / 32 at
+        # least 8.
+        assert max(mup) / min(mup) < 2, (key, mup)
+        assert standard[-1] / standard[0] > 4, (key, standard)
+
+
+# -- the trainer's DeepSpeed path ------------------------------------------------------------------------------------
+
+@pytest.mark.slow  # a DeepSpeed engine (ZeRO-1, one process), 2 steps, and two refused starts: ~10 s on 2 cores
+def test_zero1_applies_the_multipliers_through_the_schedule_and_a_checkpoint_refuses_another_parametrization(tmp_path):
+    from trainer.checkpoint.checkpointer import ResumeRefused
+    from trainer.train import Trainer
+
+    mup = {"d_model": 128, "parametrization": "mup", "mup_base_width": 32}  # m = 4
+    schedule = {"kind": "cosine", "warmup_tokens": 4 * 8 * 64}
+    run = run_dict(tmp_path / "out", train_tokens=2 * 8 * 64, model=mup, schedule=schedule, optim={"lr": 3e-3},
+                   deepspeed={"zero_stage": 1, "bf16": False})
+    trainer = Trainer(from_dict(RunConfig, run))
+    assert type(trainer.engine.optimizer).__name__ == "DeepSpeedZeroOptimizer"
+    transformer = trainer.model.transformer
+    hidden, head = transformer.blocks[0].attn.wq.weight, transformer.head.weight
+    for step in (1, 2):
+        before = hidden.detach().clone(), head.detach().clone()
+        rec = trainer.run_step()
+        assert rec.lr == lr_at(step * 8 * 64, peak_lr=3e-3, train_tokens=2 * 8 * 64, cfg=trainer.cfg.schedule)
+        # The groups DeepSpeed's optimizer steps with: the schedule's LR, × 1/m on the hidden group.
+        lrs = {g["name"]: g["lr"] for g in trainer.engine.optimizer.param_groups}
+        assert lrs == {"hidden": rec.lr / 4, "decay": rec.lr, "no_decay": rec.lr}
+        if step == 1:
+            # Adam's first step moves each weight by about its LR (m̂/√v̂ = ±1; weight decay adds lr·wd·w, 0.1%):
+            # the update itself took the hidden group's LR.
+            moved = [(after.detach() - b).abs().median().item() for after, b in zip((hidden, head), before)]
+            assert moved[0] == pytest.approx(rec.lr / 4, rel=0.02) and moved[1] == pytest.approx(rec.lr, rel=0.02)
+    trainer.save_checkpoint()
+    trainer.close()
+    manifest = trainer.checkpointer.local.manifest(2)
+    assert (manifest["config"]["model"]["parametrization"], manifest["config"]["model"]["mup_base_width"]) == ("mup", 32)
+
+    # A resume with another parametrization, or base width, is refused naming the field, before any engine is built.
+    for model, field in (({"parametrization": "standard", "mup_base_width": None}, "model.parametrization 'mup' in "
+                          "the checkpoint, 'standard' in this run"), ({"mup_base_width": 64}, "model.mup_base_width 32 "
+                          "in the checkpoint, 64 in this run")):
+        with pytest.raises(ResumeRefused, match=field):
+            Trainer(from_dict(RunConfig, {**run, "model": {**run["model"], **model}}))
+    # So is a new stage's init_from of it.
+    step = tmp_path / "out" / "checkpoints" / "step-00000002"
+    with pytest.raises(ValueError, match=f"init_from {step}: model.parametrization 'mup' in the checkpoint"):
+        Trainer(from_dict(RunConfig, {**run, "output_dir": str(tmp_path / "next"), "init_from": str(step),
+                                      "model": {**run["model"], "parametrization": "standard", "mup_base_width": None}}))
