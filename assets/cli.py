@@ -203,43 +203,12 @@ class Factory:
             self.say(f"pretrain: new input files observed for {', '.join(changed)}")
 
     def statuses(self) -> list[tuple]:
-        """[(key, "fresh" | "stale" | "missing", cause)] for every asset, in key order."""
-        from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
-        from dagster._core.definitions.data_version import CachingStaleStatusResolver
-        from dagster._time import get_current_datetime
+        """[(key, "fresh" | "stale" | "missing", cause)] for every asset, in key order (assets/core/states.py), after
+        observing the inputs."""
+        from assets.core.states import asset_states
 
-        graph = self.defs.resolve_asset_graph()
-        view = AssetGraphView(
-            temporal_context=TemporalContext(effective_dt=get_current_datetime(), last_event_id=None),
-            instance=self.instance,
-            asset_graph=graph,
-        )
         self.observe_inputs()
-        resolver = CachingStaleStatusResolver(instance=self.instance, asset_graph=graph, loading_context=view)
-        rows = []
-        for key in self.keys:
-            state = self._state(resolver, graph, key)
-            if state == "missing":
-                cause = "never materialized"
-            elif state == "stale":
-                node = graph.get(key)
-                partitions = (node.partitions_def.get_partition_keys(dynamic_partitions_store=self.instance)
-                              if node.is_partitioned else [None])
-                causes = {_describe_cause(c, key) for p in partitions for c in resolver.get_stale_root_causes(key, p)}
-                cause = "; ".join(sorted(causes))
-            else:
-                cause = "-"
-            rows.append((key, state, cause))
-        return rows
-
-    def _state(self, resolver, graph, key) -> str:
-        """fresh | stale | missing; a partitioned asset is missing if any partition is, else stale if any is."""
-        node = graph.get(key)
-        if not node.is_partitioned:
-            return resolver.get_status(key).value.lower()
-        partitions = node.partitions_def.get_partition_keys(dynamic_partitions_store=self.instance)
-        states = {resolver.get_status(key, partition).value.lower() for partition in partitions} or {"missing"}
-        return next(state for state in ("missing", "stale", "fresh") if state in states)
+        return asset_states(self.instance, self.defs.resolve_asset_graph(), self.keys)
 
     def select(self, selection: str | None) -> list:
         """Keys for a --select: comma-separated keys or fnmatch patterns; `+PATTERN` adds everything upstream."""
@@ -272,11 +241,18 @@ class Factory:
         return materialize_parallel(self.defs, self.instance, keys, jobs=jobs or default_jobs(),
                                     recipe_arg=self.recipe_arg, run_tags=tags, report=report)
 
-    @staticmethod
-    def _ancestors(graph, key) -> set:
-        from dagster import AssetSelection
-
-        return set(AssetSelection.assets(key).upstream().resolve(graph)) - {key}
+    def stale_round(self, wanted: set) -> list:
+        """The next round of `materialize --stale`: the assets of `wanted` stale or missing, less those with a stale or
+        missing ancestor. They wait for it: rerun first, the ancestor may change what this one reads (a training
+        stage waits for the mixture weights its sweep is about to refit), so nothing runs twice."""
+        pending = {key for key, state, _ in self.statuses() if state != "fresh" and key in wanted}
+        graph = self.defs.resolve_asset_graph()
+        waiting: set = set()  # what has an ancestor in `pending`: one pass in dependency order, not one search a key
+        for key in graph.toposorted_asset_keys:
+            parents = graph.get(key).parent_keys - {key}
+            if parents & pending or parents & waiting:
+                waiting.add(key)
+        return [key for key in self.keys if key in pending and key not in waiting]
 
     def resolve(self, asset: str, source: str | None):
         from dagster import AssetKey
@@ -301,15 +277,6 @@ class Factory:
             return store, latest_output(self.instance, store, key)
         except OutputNotFound as exc:
             raise UsageError(str(exc)) from None
-
-
-def _describe_cause(cause, key) -> str:
-    reason = cause.reason
-    if cause.asset_key != key:  # a root cause upstream: "curation/web/inputs has a new data version"
-        reason = f"{cause.asset_key.to_user_string()} {reason}"
-    if cause.dependency is not None:
-        reason += f" ({cause.dependency.asset_key.to_user_string()})"
-    return reason
 
 
 def _start_local_helpers(args) -> None:
@@ -361,15 +328,10 @@ def _materialize_selection(args, factory: Factory, jobs: int, report) -> bool:
     # re-materialized), so loop until nothing in the selection is stale or missing.
     wanted = set(factory.select(args.select))
     done: list = []
-    graph = factory.defs.resolve_asset_graph()
     for _ in range(len(factory.keys) + 1):
-        todo = [key for key, state, _ in factory.statuses() if state != "fresh" and key in wanted]
+        todo = factory.stale_round(wanted)
         if not todo:
             break
-        # What has a stale ancestor waits for it: rerun first, the ancestor may change what this one reads
-        # (a training stage waits for the mixture weights its sweep is about to refit), so nothing runs twice.
-        pending = set(todo)
-        todo = [key for key in todo if not (factory._ancestors(graph, key) & pending)]
         if any(key in done for key in todo):
             report.say(f"pretrain: still stale after materializing: {', '.join(k.to_user_string() for k in todo)}")
             return False
@@ -399,8 +361,10 @@ def _status(args) -> int:
             print(f"{'training/' + job['stage']:<{width}}  {'restart':<7}  after attempt {r['attempt']} at "
                   f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r['time']))}: {r['reason']}{left_out}")
     # Each filter ablation's verdict, one line per arm (assets/curation/ablation.py), from its latest materialization.
-    for key in (k for k in factory.keys if k.path[-1] == "ablation"):
-        event = factory.instance.get_latest_materialization_event(key)
+    ablations = [k for k in factory.keys if k.path[-1] == "ablation"]
+    events = factory.instance.get_latest_materialization_events(ablations) if ablations else {}  # one query
+    for key in ablations:
+        event = events.get(key)
         entry = event.asset_materialization.metadata.get("verdict_text") if event else None
         for line in entry.value.splitlines() if entry else []:
             print(f"{key.to_user_string():<{width}}  {'verdict':<7}  {line}")

@@ -1,13 +1,14 @@
 """The one `Definitions` object the code location serves (workspace.yaml loads `assets.definitions:defs`).
 
-The recipe in force is read once, here, at load: PRETRAIN_RECIPE or recipes/demo.yaml. Resources are
-chosen in this one place from the environment (PRETRAIN_HOME, PRETRAIN_STORE, AWS_ENDPOINT_URL,
-AWS_DEFAULT_REGION, PRETRAIN_EXECUTOR
-and its settings), never in asset code.
+The recipe in force is read once, here, when `defs` is first asked for: PRETRAIN_RECIPE or recipes/demo.yaml.
+Resources are chosen in this one place from the environment (PRETRAIN_HOME, PRETRAIN_STORE, AWS_ENDPOINT_URL,
+AWS_DEFAULT_REGION, PRETRAIN_EXECUTOR and its settings), never in asset code. `pretrain` builds its own recipe's
+with `build_defs`, once per command.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 from dagster import AssetSelection, DefaultScheduleStatus, Definitions, ScheduleDefinition, define_asset_job
@@ -78,4 +79,16 @@ def observe_inputs_schedule(recipe: Recipe) -> ScheduleDefinition:
                               default_status=DefaultScheduleStatus.RUNNING)
 
 
-defs = build_defs(load_recipe())
+@functools.cache
+def _recipe_defs() -> Definitions:
+    return build_defs(load_recipe())
+
+
+def __getattr__(name: str):
+    # `defs` is built when first asked for (workspace.yaml's loader, a run's worker process), not at import: the
+    # `pretrain` commands import build_defs from here and build their own recipe's, and a module-level build of
+    # PRETRAIN_RECIPE's (or the demo's) made every command build the definitions twice (4 s of 9 at 100 sources).
+    # Cached on the function, so a reload of this module (a test's new PRETRAIN_HOME) builds again.
+    if name == "defs":
+        return _recipe_defs()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -85,7 +85,7 @@ def code_parts(refs, root: Path = ROOT) -> dict[str, str]:
         parts[module], followed = _module_part(module, root)
         pending.extend(followed)
     for module, names in named.items():
-        segments = _definitions(module, _read(module, root))
+        segments = _module_definitions(module, root)
         for name in sorted(names):
             if name not in segments:
                 raise CodeRefError(f"code reference {module}:{name}: {module} has no top-level {name!r}")
@@ -174,13 +174,6 @@ def _package_modules(module: str, root: Path) -> list[str]:
                   for p in folder.rglob("*.py"))
 
 
-def _read(module: str, root: Path) -> str:
-    path = _path(module, root)
-    if path is None:
-        raise CodeRefError(f"code reference {module}: no module {module} under {root}")
-    return _text(path)
-
-
 def _text(path: Path) -> str:
     return path.read_text(encoding="utf-8").replace("\r\n", "\n")
 
@@ -205,6 +198,21 @@ def _followed_imports(module: str, tree: ast.AST, root: Path) -> list[str]:
             if top in ENGINE_PACKAGES and _path(name, root) is not None:
                 found.append(name)
     return found
+
+
+def _module_definitions(module: str, root: Path) -> dict[str, str]:
+    path = _path(module, root)
+    if path is None:
+        raise CodeRefError(f"code reference {module}: no module {module} under {root}")
+    stat = path.stat()
+    return _parsed_definitions(module, path, stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=None)
+def _parsed_definitions(module: str, path: Path, mtime_ns: int, size: int) -> dict[str, str]:
+    # Once per file and content, as _parsed_module: each source's filtered asset names the filter steps its recipe
+    # uses, and parsing pipelines/filters/steps.py again for every other set of names took 1.5 s of every load.
+    return _definitions(module, _text(path))
 
 
 def _definitions(module: str, text: str) -> dict[str, str]:

@@ -1,0 +1,102 @@
+"""`pretrain status` asks the instance about all the assets at once (assets/core/records.py, states.py): at 20 sources
+it opens as many database connections as at 10, with every source's raw_crawl materialized and half of them on
+inputs observed since (stale), and it builds the definitions once."""
+
+import sys
+
+import pytest
+from dagster import AssetKey, AssetMaterialization, DagsterInstance, Definitions
+from dagster._core.definitions.data_version import (
+    CODE_VERSION_TAG,
+    DATA_VERSION_TAG,
+    get_input_data_version_tag,
+    get_input_event_pointer_tag,
+)
+from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
+from dagster._core.storage.runs.sqlite.sqlite_run_storage import SqliteRunStorage
+
+from assets.cli import main
+from tests.assets.test_cli import write_demo_copy
+
+
+def c4_copies(count: int):
+    """The demo with `count` copies of its c4 source and the stages that do not name the others."""
+    def mutate(raw):
+        c4 = next(s for s in raw["sources"] if s["name"] == "c4")
+        raw["sources"] = [{**c4, "name": f"c4_{i}"} for i in range(count)]
+        for section in ("quality_classifier", "ablation", "training"):
+            raw.pop(section)
+        raw["mixing"]["prior"] = {f"c4_{i}": 1.0 / count for i in range(count)}
+    return mutate
+
+
+def record_raw_crawls(recipe_path, stale: set[str]):
+    """A materialization of every source's raw_crawl with the provenance a run records (its code version, the
+    inputs observation it read); those of `stale` read an older observation than the latest."""
+    from assets.definitions import build_defs
+    from assets.recipe import load_recipe
+
+    graph = build_defs(load_recipe(recipe_path)).resolve_asset_graph()
+    instance = DagsterInstance.get()
+    for key in graph.get_all_asset_keys():
+        if key.path[-1] != "raw_crawl":
+            continue
+        inputs = AssetKey([*key.path[:-1], "inputs"])
+        observed = instance.fetch_observations(inputs, limit=1).records[0]
+        version = "older" if key.path[1] in stale else observed.asset_observation.tags[DATA_VERSION_TAG]
+        instance.report_runless_asset_event(AssetMaterialization(asset_key=key, tags={
+            CODE_VERSION_TAG: graph.get(key).code_version, DATA_VERSION_TAG: f"data-{key.path[1]}",
+            get_input_data_version_tag(inputs): version,
+            get_input_event_pointer_tag(inputs): str(observed.storage_id)}))
+
+
+def status_cost(tmp_path, monkeypatch, capsys, sources: int) -> tuple[int, int, dict]:
+    """(connections opened, Definitions built, {asset: (state, cause)}) of a second `pretrain status` at `sources`."""
+    home = tmp_path / f"home-{sources}"
+    monkeypatch.setenv("PRETRAIN_HOME", str(home))
+    monkeypatch.setenv("DAGSTER_HOME", str(home / "dagster"))
+    recipe = tmp_path / f"recipe-{sources}.yaml"
+    write_demo_copy(recipe, c4_copies(sources))
+    assert main(["status", "--recipe", str(recipe)]) == 0  # a fresh home: records each source's inputs observation
+    stale = {f"c4_{i}" for i in range(0, sources, 2)}
+    record_raw_crawls(recipe, stale)
+
+    counts = {"connections": 0, "definitions": 0}
+
+    def counted(function, what):
+        def wrapper(*args, **kwargs):
+            counts[what] += 1
+            return function(*args, **kwargs)
+        return wrapper
+
+    with monkeypatch.context() as patch:
+        # Dagster's own calls counted, nothing replaced: every connection to the event log (each shard) and the
+        # runs database, and every Definitions made.
+        patch.setattr(SqliteEventLogStorage, "_connect", counted(SqliteEventLogStorage._connect, "connections"))
+        patch.setattr(SqliteRunStorage, "connect", counted(SqliteRunStorage.connect, "connections"))
+        patch.setattr(Definitions, "__new__", staticmethod(counted(Definitions.__new__, "definitions")))
+        # As in a new process: the command imports assets.definitions itself (a build at import would count).
+        patch.delitem(sys.modules, "assets.definitions")
+        capsys.readouterr()
+        assert main(["status", "--recipe", str(recipe)]) == 0
+        out = capsys.readouterr().out
+    rows = {line.split(None, 2)[0]: tuple(line.split(None, 2)[1:]) for line in out.splitlines()}
+    for i in range(sources):
+        state, cause = rows[f"curation/c4_{i}/raw_crawl"]
+        if f"c4_{i}" in stale:
+            assert state == "stale" and f"curation/c4_{i}/inputs" in cause, (i, state, cause)
+        else:
+            assert (state, cause) == ("fresh", "-"), (i, state, cause)
+        assert rows[f"curation/c4_{i}/filtered"] == ("missing", "never materialized")
+    return counts["connections"], counts["definitions"], rows
+
+
+@pytest.mark.slow  # four `pretrain status` commands: 15 s
+def test_status_queries_do_not_grow_with_the_sources_and_the_definitions_are_built_once(tmp_path, monkeypatch,
+                                                                                          capsys):
+    connections_10, definitions_10, rows_10 = status_cost(tmp_path, monkeypatch, capsys, 10)
+    connections_20, definitions_20, rows_20 = status_cost(tmp_path, monkeypatch, capsys, 20)
+    # Four assets a source: raw_crawl, filtered, decontaminated, packed (the inputs are observed, not listed).
+    assert len(rows_20) == len(rows_10) + 4 * 10
+    assert connections_10 == connections_20, (connections_10, connections_20)
+    assert definitions_10 == definitions_20 == 1
