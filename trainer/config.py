@@ -71,21 +71,32 @@ class ModelConfig(_Config):
     # standard: today's model (init_std everywhere, 1/sqrt(head dim) attention, one LR). mup: Tensor Programs V's
     # μP for Adam (trainer.model.transformer.Transformer.width_mult): the model at d_model = mup_base_width (same
     # n_heads, n_layers) is the standard one, and an LR tuned there holds at other widths. Changes the model's
-    # function, so a checkpoint resumes, continues or initialises only a run of the same two settings.
+    # function, so a checkpoint resumes, continues or initialises only a run of the same mup settings.
     parametrization: Literal["standard", "mup"] = "standard"
     mup_base_width: int | None = None  # the width the LR was tuned at (mup only, where it is required)
+    # The base model's head dim, which the attention scale √(base d_head)/d_head keeps at the base width's. None:
+    # mup_base_width / n_heads (the heads keep their number and grow). Give it where the heads keep their size and
+    # grow in number (a ladder of d_model 64 with 4 heads, 128 with 8): their head dim, so the scale stays 1/√d_head.
+    mup_base_head_dim: int | None = None
 
     def _check(self) -> None:
         if self.parametrization == "mup":
             if self.mup_base_width is None:
                 raise ValueError("model.mup_base_width: required with model.parametrization = \"mup\" (the width "
                                  "whose tuned learning rate the run takes over)")
-            if self.mup_base_width < self.n_heads or self.mup_base_width % self.n_heads:
+            if self.mup_base_width < 1:
+                raise ValueError(f"model.mup_base_width must be >= 1, got {self.mup_base_width}")
+            if self.mup_base_head_dim is None and self.mup_base_width % self.n_heads:
                 raise ValueError(f"model.mup_base_width ({self.mup_base_width}) must be a multiple of model.n_heads "
-                                 f"({self.n_heads}): the base model has the same heads, of mup_base_width/n_heads dims")
-        elif self.mup_base_width is not None:
-            raise ValueError("model.mup_base_width is read only with model.parametrization = \"mup\" (this run is "
-                             "\"standard\")")
+                                 f"({self.n_heads}) unless model.mup_base_head_dim is given: the base model's head dim "
+                                 "is mup_base_width / n_heads")
+            if self.mup_base_head_dim is not None and self.mup_base_head_dim < 1:
+                raise ValueError(f"model.mup_base_head_dim must be >= 1, got {self.mup_base_head_dim}")
+        else:
+            for name in ("mup_base_width", "mup_base_head_dim"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"model.{name} is read only with model.parametrization = \"mup\" (this run is "
+                                     "\"standard\")")
         if self.checkpoint_every < 1:
             raise ValueError(f"model.checkpoint_every must be >= 1, got {self.checkpoint_every}")
         for name in ("vocab_size", "d_model", "n_layers", "n_heads"):

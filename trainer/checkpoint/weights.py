@@ -81,7 +81,7 @@ def load_initial_weights(model: torch.nn.Module, uri: str, cache_dir: str | Path
 SHAPE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "kv_heads", "ff_dim", "qk_norm")
 # What, beyond the shapes, fixes the function the weights compute (μP's multipliers, trainer.model.transformer) and
 # the optimizer's parameter groups: a checkpoint resumes, continues or initialises only a run that agrees on them.
-PARAMETRIZATION_FIELDS = ("parametrization", "mup_base_width")
+PARAMETRIZATION_FIELDS = ("parametrization", "mup_base_width", "mup_base_head_dim")
 
 
 def parametrization_change(manifest: dict, model: ModelConfig) -> str | None:

@@ -99,10 +99,12 @@ def _flex_attention(q, k, v, block_mask, scale=None):
 def attention_scale(cfg: ModelConfig) -> float | None:
     """The factor on q·k: None (SDPA's and FlexAttention's default 1/√d_head) for the standard model; under μP
     √(base d_head)/d_head, 1/d_head as TP5 asks (q and k grow correlated in training, so q·k grows like d_head, not
-    √d_head), times the constant that makes it 1/√d_head at the base width (d_head = mup_base_width / n_heads)."""
+    √d_head), times the constant that makes it 1/√d_head at the base width (base d_head: model.mup_base_head_dim,
+    else mup_base_width / n_heads)."""
     if cfg.parametrization == "standard":
         return None
-    return math.sqrt(cfg.mup_base_width // cfg.n_heads) / cfg.head_dim
+    base = cfg.mup_base_head_dim if cfg.mup_base_head_dim is not None else cfg.mup_base_width // cfg.n_heads
+    return math.sqrt(base) / cfg.head_dim
 
 
 def width_mult(cfg: ModelConfig) -> float:

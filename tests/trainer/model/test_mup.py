@@ -124,6 +124,11 @@ def test_settings_and_layouts_mup_cannot_take_are_refused_naming_the_field(tmp_p
         ModelConfig(mup_base_width=64)
     with pytest.raises(ValueError, match=r"model.mup_base_width \(66\) must be a multiple of model.n_heads \(4\)"):
         ModelConfig(parametrization="mup", mup_base_width=66)
+    with pytest.raises(ValueError, match=r"model.mup_base_head_dim is read only with model.parametrization"):
+        ModelConfig(mup_base_head_dim=16)
+    # Heads that keep their size and grow in number: the attention scale stays 1/√d_head.
+    more_heads = ModelConfig(d_model=128, n_heads=8, parametrization="mup", mup_base_width=64, mup_base_head_dim=16)
+    assert Transformer(more_heads).blocks[0].attn.scale == 1 / math.sqrt(16)
     with pytest.raises(ValueError, match=r"model.parametrization: must be one of \['standard', 'mup'\], got 'sp'"):
         from_dict(ModelConfig, {"parametrization": "sp"}, "model")
     mup = {"parametrization": "mup", "mup_base_width": 32}
