@@ -81,3 +81,39 @@ def test_missing_fresh_and_stale_with_their_causes():
     finally:
         VERSION["src"] = "v1"
     assert states(instance, assets)["a"] == ("stale", "src has a new data version")
+
+
+def test_a_partitioned_assets_records_are_read_at_once_not_once_a_partition(tmp_path, monkeypatch):
+    """Every partition materialized (runless events, as a run records them: the code version, a data version), then
+    the connections asset_states opens: as many for 8 partitions as for 2."""
+    from dagster import AssetMaterialization, DagsterInstance
+    from dagster._core.definitions.data_version import CODE_VERSION_TAG, DATA_VERSION_TAG
+    from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
+
+    opened = []
+    connect = SqliteEventLogStorage._connect
+
+    def counted(self, *args, **kwargs):  # Dagster's own connection, counted
+        opened.append(1)
+        return connect(self, *args, **kwargs)
+
+    monkeypatch.setattr(SqliteEventLogStorage, "_connect", counted)
+    counts = {}
+    for partitions in (2, 8):
+        monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / f"dagster-{partitions}"))
+        ensure_dagster_home()
+        instance = DagsterInstance.get()
+        names = [f"part{i}" for i in range(partitions)]
+
+        @asset(key="q", code_version="1", partitions_def=StaticPartitionsDefinition(names))
+        def q():
+            return None
+
+        for name in names:
+            instance.report_runless_asset_event(AssetMaterialization(
+                asset_key="q", partition=name, tags={CODE_VERSION_TAG: "1", DATA_VERSION_TAG: f"data-{name}"}))
+        graph = Definitions(assets=[q]).resolve_asset_graph()
+        opened.clear()
+        assert asset_states(instance, graph, [AssetKey("q")]) == [(AssetKey("q"), "fresh", "-")]
+        counts[partitions] = len(opened)
+    assert counts[2] == counts[8], counts
