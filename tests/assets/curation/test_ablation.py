@@ -21,12 +21,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dagster import AssetKey, DagsterInstance
+from dagster import AssetKey, DagsterInstance, MarkdownMetadataValue
 
 from assets.cli import main
 from assets.curation.ablation import ablation_key
 from assets.recipe import DEMO_RECIPE
 from tests.assets.test_cli import status_rows
+from tests.assets.test_plots import decoded
 from tests.conftest import SHARED_DATA
 
 pytestmark = pytest.mark.slow
@@ -156,6 +157,9 @@ def test_junk_half_curated_arm_is_better_beyond_the_spread_of_3_seeds(junk_home)
     # Each run was scored on the reference text and the zero-shot task.
     assert set(curated["val_loss"]) == {"reference_inaugural"} and set(curated["zero_shot"]) == {"arc_easy"}
     assert curated["data"]["curation/junky/filtered"] and raw["data"]["curation/junky/raw_crawl"]
+    # The plot the UI shows: a PNG that decodes, of the configured size.
+    plot = decoded(MarkdownMetadataValue(ablation_metadata(junk_home, "junky")["loss_plot"]))
+    assert plot.format == "PNG" and plot.size == (512, 256)
 
 
 def test_a_random_30_percent_drop_is_within_noise_against_the_arm_without_it(junk_home):
