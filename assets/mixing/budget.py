@@ -19,10 +19,12 @@ from pathlib import Path
 from dagster import Failure
 
 from assets.recipe import Recipe
+from assets.stages import MixingSection
 from trainer.config import BatchConfig
 from trainer.data.mixture import DataConfig, MixtureDataset
 
-DEFAULT_MAX_EPOCHS = 4.0  # a recipe without a mixing section (mixing.max_epochs's default)
+# What a recipe without a mixing section gets: mixing.max_epochs's default.
+DEFAULT_MAX_EPOCHS = MixingSection.model_fields["max_epochs"].default
 
 
 def max_epochs_of(recipe: Recipe) -> float:

@@ -89,3 +89,50 @@ def test_a_runs_epochs_are_the_loaders_count_and_the_search_computes_the_same(tm
     assert f"over its {available['c4']:,} training tokens" in err.value.description
     instance.dispose()
 
+
+@pytest.mark.slow  # ~6 s (and the curated home, once a session): two materializations
+def test_the_search_on_the_packed_counts_keeps_the_best_draw_within_max_epochs(tmp_path, monkeypatch, curated_home):
+    """mixing/mix_candidates and mixing/mixture_weights materialized on the curated home's real packed c4 and math,
+    the sweep's results recorded as its proxy runs would leave them (their losses fall as c4's weight rises, so the
+    fit wants the small source). Main's tokens are set so that c4's cap lies inside the weights the runs tried."""
+    raw = two_small_sources()
+    raw["training"].pop("long_context", None)
+    raw["training"].pop("anneal", None)
+    raw.pop("evaluation", None)
+    raw["mixing"] = {"prior": {"c4": 0.5, "math": 0.5}, "candidates": 6, "concentration": 4.0, "target": "average",
+                     "proxy": {"train_tokens": 4096}}
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    recipe = load_recipe(path)
+    instance = DagsterInstance.get()
+    store = LocalStore(curated_home / "store")
+    c4 = packed_tokens(latest_output(instance, store, AssetKey(["tokenization", "c4", "packed"])).manifest)
+    tried = sorted(m["c4"] for m in candidate_mixtures(recipe.mixing.engine_config()))
+    cap = (tried[1] + tried[-2]) / 2  # inside the box of the runs: some runs and many draws are above it
+    raw["training"]["main"]["train_tokens"] = int(4.0 * c4 / cap)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    recipe = load_recipe(path)
+    resources = {"store": StoreResource(url=str(curated_home / "store")),
+                 "scratch": ScratchResource(root=str(curated_home / "work"))}
+
+    assert materialize([mix_candidates_asset(recipe)], resources=resources, instance=instance).success
+    [event] = instance.fetch_materializations(candidates_key(), limit=1).records
+    candidates = json.loads(store.get_bytes(f"{event.asset_materialization.metadata['prefix'].value}/{RESULT_FILE}"))
+    for name, weights in candidates["candidates"].items():  # what each proxy run would leave
+        folder = tmp_path / "swept" / name
+        folder.mkdir(parents=True)
+        (folder / RESULT_FILE).write_text(json.dumps({"mixture": name, "weights": weights,
+                                                      "target_loss": 3.0 - weights["c4"]}))
+        commit_folder(store, f"mixing/mix_sweep/{name}/r", folder, {"code_version": mix_sweep_spec(recipe).code_version})
+        instance.report_runless_asset_event(AssetMaterialization(sweep_key(), partition=name,
+                                                                 metadata={"prefix": f"mixing/mix_sweep/{name}/r"}))
+    assert materialize([mixture_weights_asset(recipe)], resources=resources, instance=instance).success
+    [event] = instance.fetch_materializations(weights_key(), limit=1).records
+    meta = {k: v.value for k, v in event.asset_materialization.metadata.items()}
+    main_tokens = raw["training"]["main"]["train_tokens"]
+    assert meta["max_epochs"] == 4.0 and meta["tokens_available"]["c4"] == c4
+    assert 0 < meta["draws_discarded"] < meta["draws_scored"]
+    assert meta["epochs"]["c4"] == pytest.approx(main_tokens * meta["weights"]["c4"] / c4, rel=1e-3)
+    assert meta["epochs"]["c4"] <= 4.0 and meta["weights"]["c4"] <= cap + 1e-9
+    assert meta["epochs"]["c4"] > 3.0  # the fit pushes c4 up to its bound, not beyond
+    instance.dispose()
