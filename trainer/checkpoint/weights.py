@@ -87,8 +87,8 @@ PARAMETRIZATION_FIELDS = ("parametrization", "mup_base_width", "mup_base_head_di
 def parametrization_change(manifest: dict, model: ModelConfig) -> str | None:
     """The model.* fields of PARAMETRIZATION_FIELDS on which the checkpoint's run and `model` differ, with both values
     ("model.parametrization "mup" vs "standard""); None when they agree. A checkpoint from before these fields
-    existed was standard (model_config fills in the defaults)."""
-    theirs = model_config(manifest)
+    existed was standard (the defaults fill in), and so was one whose manifest records no model."""
+    theirs = from_dict(ModelConfig, manifest.get("config", {}).get("model", {}), "model")
     differ = [f"model.{k} {getattr(theirs, k)!r} in the checkpoint, {getattr(model, k)!r} in this run"
               for k in PARAMETRIZATION_FIELDS if getattr(theirs, k) != getattr(model, k)]
     return "; ".join(differ) or None
