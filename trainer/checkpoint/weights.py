@@ -65,7 +65,7 @@ def load_initial_weights(model: torch.nn.Module, uri: str, cache_dir: str | Path
     changed = parametrization_change(manifest, model.transformer.cfg)
     if changed:
         raise ValueError(f"init_from {uri}: {changed}: the same weights compute another function under another "
-                         "parametrization; give this stage the checkpoint's model.parametrization and model.mup_base_width")
+                         "parametrization; give this stage the checkpoint's model.parametrization and model.mup_*")
     own = model.state_dict()
     missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in sorted(set(own) & set(state))

@@ -34,7 +34,8 @@ def shape(width: int, parametrization: str = "mup", **fields) -> ModelConfig:
 
 
 def windows(seed: int, count: int, batch: int, seq_len: int, held_out: bool = False) -> list[torch.Tensor]:
-    """`count` batches of `batch` windows of seq_len + 1 bytes at seeded positions of the training (or held-out) text."""
+    """`count` batches of `batch` windows of seq_len + 1 bytes at seeded positions of the training (or held-out)
+    text."""
     lo, hi = (HELD_OUT, len(BYTES)) if held_out else (0, HELD_OUT)
     starts = np.random.default_rng(seed).integers(lo, hi - seq_len - 1, size=(count, batch))
     return [torch.from_numpy(np.stack([BYTES[s:s + seq_len + 1] for s in row]).astype(np.int64)) for row in starts]
@@ -93,7 +94,8 @@ def test_hidden_matrices_get_the_width_ratio_in_init_lr_and_weight_decay_and_the
     groups = {g["name"]: g for g in optimizer.param_groups}
     assert {id(p) for p in groups["hidden"]["params"]} == {id(p) for p in t.hidden_matrices()}
     assert len(groups["hidden"]["params"]) == 2 * 7  # wq wk wv wo w1 w2 w3 of 2 blocks
-    assert groups["hidden"]["lr"] == pytest.approx(lr / m) and groups["hidden"]["weight_decay"] == pytest.approx(0.1 * m)
+    assert groups["hidden"]["lr"] == pytest.approx(lr / m)
+    assert groups["hidden"]["weight_decay"] == pytest.approx(0.1 * m)
     assert [p is t.head.weight for p in groups["decay"]["params"]] == [True]
     assert groups["decay"]["lr"] == lr and groups["no_decay"]["lr"] == lr
     # The logits are the head's output × 1/m.
@@ -164,7 +166,8 @@ def activation_scales(width: int, parametrization: str, *, lr: float = 2**-6, se
     scales = {}
     for i, block in enumerate(model.transformer.blocks):
         for name, module in (("block", block), ("attn", block.attn), ("mlp", block.mlp)):
-            module.register_forward_hook(lambda m, a, out, key=f"{name}{i}": scales.__setitem__(key, out.abs().mean().item()))
+            module.register_forward_hook(
+                lambda m, a, out, key=f"{name}{i}": scales.__setitem__(key, out.abs().mean().item()))
     with torch.no_grad():
         scales["logits"] = model.transformer(probe[:, :-1]).abs().mean().item()
     return scales
@@ -222,7 +225,8 @@ def final_loss(width: int, parametrization: str, lr: float, seed: int = 0) -> fl
 def test_the_best_learning_rate_at_width_32_holds_at_128_and_256_under_mup_and_moves_without(one_thread):
     widths = {"mup": (32, 128, 256), "standard": (32, 256)}
     best = {}
-    print("\nheld-out loss after %d steps; learning rates 2^%d .. 2^%d" % (STEPS, math.log2(GRID[0]), math.log2(GRID[-1])))
+    print(f"\nheld-out loss after {STEPS} steps; learning rates 2^{round(math.log2(GRID[0]))} .. "
+          f"2^{round(math.log2(GRID[-1]))}")
     for parametrization, ws in widths.items():
         for width in ws:
             losses = [final_loss(width, parametrization, lr) for lr in GRID]
@@ -236,14 +240,14 @@ def test_the_best_learning_rate_at_width_32_holds_at_128_and_256_under_mup_and_m
 
 # -- the trainer's DeepSpeed path ------------------------------------------------------------------------------------
 
-@pytest.mark.slow  # a DeepSpeed engine (ZeRO-1, one process), 2 steps, and two refused starts: ~10 s on 2 cores
+@pytest.mark.slow  # two DeepSpeed engines (ZeRO-1, one process), 3 steps, and three refused starts: 11 s
 def test_zero1_applies_the_multipliers_through_the_schedule_and_a_checkpoint_refuses_another_parametrization(tmp_path):
     from trainer.checkpoint.checkpointer import ResumeRefused
     from trainer.train import Trainer
 
     mup = {"d_model": 128, "parametrization": "mup", "mup_base_width": 32}  # m = 4
     schedule = {"kind": "cosine", "warmup_tokens": 4 * 8 * 64}
-    run = run_dict(tmp_path / "out", train_tokens=2 * 8 * 64, model=mup, schedule=schedule, optim={"lr": 3e-3},
+    run = run_dict(tmp_path / "out", train_tokens=3 * 8 * 64, model=mup, schedule=schedule, optim={"lr": 3e-3},
                    deepspeed={"zero_stage": 1, "bf16": False})
     trainer = Trainer(from_dict(RunConfig, run))
     assert type(trainer.engine.optimizer).__name__ == "DeepSpeedZeroOptimizer"
@@ -252,7 +256,7 @@ def test_zero1_applies_the_multipliers_through_the_schedule_and_a_checkpoint_ref
     for step in (1, 2):
         before = hidden.detach().clone(), head.detach().clone()
         rec = trainer.run_step()
-        assert rec.lr == lr_at(step * 8 * 64, peak_lr=3e-3, train_tokens=2 * 8 * 64, cfg=trainer.cfg.schedule)
+        assert rec.lr == lr_at(step * 8 * 64, peak_lr=3e-3, train_tokens=3 * 8 * 64, cfg=trainer.cfg.schedule)
         # The groups DeepSpeed's optimizer steps with: the schedule's LR, × 1/m on the hidden group.
         lrs = {g["name"]: g["lr"] for g in trainer.engine.optimizer.param_groups}
         assert lrs == {"hidden": rec.lr / 4, "decay": rec.lr, "no_decay": rec.lr}
@@ -264,7 +268,16 @@ def test_zero1_applies_the_multipliers_through_the_schedule_and_a_checkpoint_ref
     trainer.save_checkpoint()
     trainer.close()
     manifest = trainer.checkpointer.local.manifest(2)
-    assert (manifest["config"]["model"]["parametrization"], manifest["config"]["model"]["mup_base_width"]) == ("mup", 32)
+    recorded = manifest["config"]["model"]
+    assert (recorded["parametrization"], recorded["mup_base_width"]) == ("mup", 32)
+    # The same run resumes with its groups as they were: step 3 at the schedule's LR, × 1/m on the hidden group.
+    resumed = Trainer(from_dict(RunConfig, run))
+    rec = resumed.run_step()
+    assert rec.samples == (16, 24)  # the third batch
+    assert rec.lr == lr_at(3 * 8 * 64, peak_lr=3e-3, train_tokens=3 * 8 * 64, cfg=resumed.cfg.schedule)
+    assert {g["name"]: g["lr"] for g in resumed.engine.optimizer.param_groups} == {
+        "hidden": rec.lr / 4, "decay": rec.lr, "no_decay": rec.lr}
+    resumed.close()
 
     # A resume with another parametrization, or base width, is refused naming the field, before any engine is built.
     for model, field in (({"parametrization": "standard", "mup_base_width": None}, "model.parametrization 'mup' in "
@@ -275,5 +288,6 @@ def test_zero1_applies_the_multipliers_through_the_schedule_and_a_checkpoint_ref
     # So is a new stage's init_from of it.
     step = tmp_path / "out" / "checkpoints" / "step-00000002"
     with pytest.raises(ValueError, match=f"init_from {step}: model.parametrization 'mup' in the checkpoint"):
+        standard = {**run["model"], "parametrization": "standard", "mup_base_width": None}
         Trainer(from_dict(RunConfig, {**run, "output_dir": str(tmp_path / "next"), "init_from": str(step),
-                                      "model": {**run["model"], "parametrization": "standard", "mup_base_width": None}}))
+                                      "model": standard}))
