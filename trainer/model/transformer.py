@@ -13,7 +13,7 @@ formulation with an output multiplier, for Adam, relative to the base width (m =
     hidden weights (every block's matrices)   init variance ∝ 1/fan_in (std × 1/√m), Adam LR × 1/m
     input weights (the embedding), norm gains init and Adam LR as at the base width
     output weights (the head)                 init and Adam LR as at the base width, logits × 1/m
-    attention                                 q·k / d_head (TP5 §4) instead of / √d_head, times √(base d_head):
+    attention                                 q·k / d_head (TP5's rule) instead of / √d_head, × √(base d_head):
                                               the scale is √(base d_head)/d_head, so m = 1 keeps 1/√d_head
 So at d_model = mup_base_width the model, its initialisation and its learning rates are the standard ones.
 The learning rates are per parameter group (trainer.optim.param_groups: `lr_scale`, which the schedule multiplies).
