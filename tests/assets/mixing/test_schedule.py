@@ -2,7 +2,7 @@
 candidates, the mixing sensor requests exactly each tick's new partitions, then the refit, and mixture_weights
 fits the runs of every tick together. The proxy runs are not trained here (test_mixing.py trains them): each
 partition's result is committed to the store and recorded as mix_sweep writes it, with a loss that depends on
-the mixture."""
+the mixture; each source's packed output gives mixture_weights a million tokens to count (the data budget)."""
 
 import json
 from datetime import datetime, timezone
@@ -26,6 +26,7 @@ from assets.mixing.section import RESULT_FILE, TICK_TAG, candidates_key, sweep_k
 from assets.recipe import DEMO_RECIPE, load_recipe
 from storage.local import LocalStore
 from storage.manifest import commit_folder
+from tests.assets.mixing.test_mixture_weights import plenty_of_tokens
 
 SLOPE = {"books": 0.4, "code": -0.2, "web": 0.1}  # the target loss the fake proxies report: linear in the weights
 TICK_1 = datetime(2026, 12, 6, 3, 0, tzinfo=timezone.utc)  # two Sundays of the recipe's "0 3 * * 0"
@@ -74,6 +75,7 @@ def test_two_ticks_draw_new_candidates_and_the_fit_uses_the_runs_of_both(tmp_pat
     schedule, sensor = defs.resolve_schedule_def("mix_sweep_schedule"), defs.resolve_sensor_def("mix_sweep_sensor")
     store = defs.resources["store"].open()
     assert isinstance(store, LocalStore)
+    plenty_of_tokens(instance, store, tmp_path, sorted(recipe.mixing.prior))
 
     def tick(when):
         [request] = schedule.evaluate_tick(build_schedule_context(instance=instance, scheduled_execution_time=when,
