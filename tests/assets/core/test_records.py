@@ -76,6 +76,8 @@ def status_cost(tmp_path, monkeypatch, capsys, sources: int) -> tuple[int, int, 
         patch.setattr(SqliteRunStorage, "connect", counted(SqliteRunStorage.connect, "connections"))
         patch.setattr(Definitions, "__new__", staticmethod(counted(Definitions.__new__, "definitions")))
         # As in a new process: the command imports assets.definitions itself (a build at import would count).
+        # The package's attribute is put back too, so later tests see one module (importlib.reload checks).
+        patch.setattr(sys.modules["assets"], "definitions", sys.modules["assets.definitions"])
         patch.delitem(sys.modules, "assets.definitions")
         capsys.readouterr()
         assert main(["status", "--recipe", str(recipe)]) == 0
