@@ -94,11 +94,7 @@ def line_chart(points: list[tuple[float, float]] | Mapping[str, list[tuple[float
                   marker="." if len(xs) <= 50 else None, label=label)
     if None not in series:
         axes.legend(fontsize=8)
-    axes.set_xlabel(xlabel)
-    axes.set_ylabel(ylabel)
-    axes.grid(alpha=0.3)
-    if log:
-        axes.set_yscale("log")
+    _label(axes, xlabel, ylabel, logy=log)
     return _markdown(figure, title)
 
 
@@ -122,11 +118,7 @@ def scatter_chart(series: Mapping[str, list[tuple[float, float]]], *, lines: Map
         else:
             axes.plot(xs, ys, linestyle="--", linewidth=1.2, color="black", label=label)
     axes.legend(fontsize=6, ncol=2)
-    axes.set_xlabel(xlabel)
-    axes.set_ylabel(ylabel)
-    axes.grid(alpha=0.3)
-    if logx:
-        axes.set_xscale("log")
+    _label(axes, xlabel, ylabel, logx=logx)
     return _markdown(figure, title)
 
 
@@ -141,6 +133,17 @@ def _figure():
     from matplotlib.figure import Figure
 
     return Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+
+
+def _label(axes, xlabel: str, ylabel: str, *, logx: bool = False, logy: bool = False) -> None:
+    """The curve plots' axes: labels, a light grid, log scales where asked."""
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
+    axes.grid(alpha=0.3)
+    if logx:
+        axes.set_xscale("log")
+    if logy:
+        axes.set_yscale("log")
 
 
 def _markdown(figure, title: str) -> MetadataValue:
