@@ -3,7 +3,8 @@
     pretrain: [12/41] done     curation/web/filtered in 6.1 s (run 1a2b3c4d): 363 documents of 1,171
 
 read from the asset's materialization metadata, the figures a user looks for first: documents kept of those read,
-tokens packed or trained, the final and validation loss, a classifier's ROC AUC, a tokenizer's vocabulary.
+tokens packed or trained, the final and validation loss, a classifier's ROC AUC, a tokenizer's vocabulary, an
+ablation's proxy runs and its first verdict.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ FIGURES = [("documents", "{:,} documents"), ("documents_in", "of {:,}"), ("token
            ("tokens", "{:,} tokens"), ("final_loss", "loss {:.3f}"), ("target_loss", "target loss {:.3f}"),
            ("predicted_target_loss", "predicted target loss {:.3f}"), ("val_loss", "val_loss {:.3f}"),
            ("canary_loss", "canary loss {:.3f}"), ("roc_auc", "ROC AUC {:.2f}"), ("val_perplexity", "perplexity {:.0f}"),
-           ("vocab_size", "vocabulary {:,}")]
+           ("vocab_size", "vocabulary {:,}"), ("runs_trained", "{:,} proxy runs trained"), ("verdict_text", "{}")]
 
 
 def key_figures(metadata: dict) -> str:
@@ -28,6 +29,8 @@ def key_figures(metadata: dict) -> str:
             text = form.format(sum(value.values()) / len(value)) + f" (mean of {len(value)})"
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             text = form.format(value)
+        elif isinstance(value, str) and value.strip():  # a verdict: its first line (an ablation's first arm)
+            text = form.format(value.strip().splitlines()[0])
         else:
             continue
         if form.startswith("of") and shown:

@@ -11,3 +11,10 @@ def test_key_figures_read_what_a_user_looks_for_first_from_the_metadata():
                         "steps": 17}) == "32,768 tokens, loss 7.517, val_loss 7.500 (mean of 2)"
     assert key_figures({"roc_auc": 0.8712, "accuracy": 0.74}) == "ROC AUC 0.87"
     assert key_figures({"val_loss": {"c4": "nan"}, "documents": True, "candidates": {"a": {"c4": 1.0}}}) == ""
+
+
+def test_an_ablations_done_line_gives_its_runs_and_its_first_verdict():
+    verdicts = "curated: better (-0.142 reference loss against raw; spread 0.035)\nwithout_sample: better (-0.137 ...)"
+    assert key_figures({"runs_trained": 2, "verdict_text": verdicts, "runs_reused": 4}) == \
+        "2 proxy runs trained, curated: better (-0.142 reference loss against raw; spread 0.035)"
+    assert key_figures({"runs_trained": 0, "verdict_text": ""}) == "0 proxy runs trained"
