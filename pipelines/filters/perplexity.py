@@ -218,7 +218,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seq-len", type=int, required=True)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    export(args.checkpoints, args.tokenizer, args.val, args.seq_len, args.out)
+    # Launched by curation/reference_lm, the process reports through that asset's Pipes session (a session that
+    # received nothing logged "did not receive any messages" on every run), as the evaluation process does.
+    from trainer.reporting.pipes import PipesReporter
+
+    reporter = PipesReporter.open()
+    try:
+        info = export(args.checkpoints, args.tokenizer, args.val, args.seq_len, args.out)
+        if reporter:
+            reporter.log(f"reference model exported: val loss {info['val_loss']}, perplexity {info['val_perplexity']}"
+                         f" on {info['val_paragraphs']} paragraphs")
+    except Exception as exc:
+        if reporter:
+            reporter.log(f"reference model export failed: {exc}")
+        raise
+    finally:
+        if reporter:
+            reporter.close()
 
 
 if __name__ == "__main__":

@@ -108,6 +108,13 @@ def test_the_model_reports_its_validation_loss_and_the_filtered_asset_ccnet_buck
     meta = latest_metadata(REFERENCE)
     assert meta["val_perplexity"] < 1024 / 2  # far below a uniform guess over its vocabulary
     assert meta["val_paragraphs"] > 5 and meta["steps"] == 80
+    # The export process reports through the asset's Pipes session: its line is in the run's log, and Dagster's
+    # warning of a session that received no message is not.
+    instance = DagsterInstance.get()
+    run_id = instance.get_latest_materialization_event(AssetKey(REFERENCE.split("/"))).run_id
+    messages = [entry.user_message for entry in instance.all_logs(run_id)]
+    assert any(f"perplexity {meta['val_perplexity']}" in m and "reference model exported" in m for m in messages)
+    assert not any("did not receive any messages" in m for m in messages)
     prose = latest_metadata("curation/prose/filtered")
     assert prose["perplexity_scored"] == 80 and prose["documents"] == 80
     buckets = prose["perplexity_buckets"]
