@@ -25,9 +25,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import minimize, minimize_scalar
-from scipy.special import logsumexp
-from threadpoolctl import threadpool_limits
+
+# scipy and threadpoolctl are imported where a fit runs: every code-location load imports this module (training
+# stages read a fit's prediction), and scipy.optimize alone took 0.4 s of it.
 
 PARAMETERS = ("E", "A", "B", "alpha", "beta")
 INTERVAL_KEYS = PARAMETERS + ("a", "b")  # a, b: the exponents of N_opt and D_opt in compute
@@ -92,6 +92,8 @@ class ScalingFit:
         def loss(log_n: float) -> float:
             n = math.exp(log_n)
             return self.predict(n, flops / flops_per_token(n))
+
+        from scipy.optimize import minimize_scalar
 
         # The 6N optimum brackets the search: other per-token costs move it by far less than 100×.
         found = minimize_scalar(loss, bounds=(math.log(n_opt) - 2 * math.log(10), math.log(n_opt) + 2 * math.log(10)),
@@ -160,6 +162,8 @@ def _grid() -> np.ndarray:
 def _grid_values(grid: np.ndarray, log_n: np.ndarray, log_d: np.ndarray, log_loss: np.ndarray,
                  delta: float) -> np.ndarray:
     """The objective at every grid point at once (no gradient): the starts are the best of these."""
+    from scipy.special import logsumexp
+
     a, b, e, alpha, beta = (grid[:, i : i + 1] for i in range(5))
     terms = np.stack([a - alpha * log_n, b - beta * log_d, np.broadcast_to(e, (len(grid), len(log_n)))])
     residual = np.abs(logsumexp(terms, axis=0) - log_loss)
@@ -167,6 +171,8 @@ def _grid_values(grid: np.ndarray, log_n: np.ndarray, log_d: np.ndarray, log_los
 
 
 def _minimise(starts: np.ndarray, log_n, log_d, log_loss, delta: float) -> tuple[np.ndarray, float] | None:
+    from scipy.optimize import minimize
+
     bounds = [(None, None)] * 3 + [EXPONENT_BOUNDS] * 2
     best = None
     for start in starts:
@@ -223,6 +229,8 @@ def fit_scaling_law(points: Sequence[tuple[float, float, float]], *, bootstrap: 
         raise ValueError(f"scaling fit: huber_delta must be > 0, got {huber_delta!r}")
     if bootstrap < 0:
         raise ValueError(f"scaling fit: bootstrap must be ≥ 0, got {bootstrap!r}")
+    from threadpoolctl import threadpool_limits
+
     # L-BFGS-B calls BLAS on 5×5 matrices: OpenBLAS's threads only wait for each other there (14× slower on two
     # busy cores), so the fit runs on one.
     with threadpool_limits(limits=1, user_api="blas"):
