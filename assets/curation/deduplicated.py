@@ -41,6 +41,8 @@ def dedup_section(recipe: Recipe) -> dict:
     settings = dataclasses.asdict(recipe.dedup)
     for name in DEDUP_FIELDS_NOT_VERSIONED:
         settings.pop(name)
+    if settings["rule"] == "transitive":  # the rule before there was a choice: its outputs stay fresh
+        settings.pop("rule")
     return {"dedup": settings, "sources": [source.name for source in recipe.sources]}
 
 

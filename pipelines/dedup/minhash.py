@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
+DEDUP_RULES = ("transitive", "sequential")
 HASH_CHUNK = 4096  # shingles hashed at once: (112, 4096) uint64 = 3.7 MB, about cache-sized
 _WORD = re.compile(r"\w+")
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -39,6 +40,12 @@ class DedupConfig:
     # A misspelt or retired setting in the recipe is refused by name when pydantic reads it, not ignored.
     __pydantic_config__ = {"extra": "forbid"}
 
+    # Which document of a duplicate group stays. "transitive": clusters are closed over every match, each keeps its
+    # smallest (source position, id): independent of reading order, but an old kept document could lose to a new
+    # one, so the whole corpus is deduplicated at once. "sequential": in corpus order (dump by dump), a document is
+    # removed when it matches an earlier kept one; kept documents never change, so a new dump is deduplicated
+    # against the index of what was kept before (pipelines/dedup/sequential.py). A crawl of dumps needs it.
+    rule: str = "transitive"
     exact: bool = True  # remove documents whose normalized text is identical
     near: bool = True  # remove near-duplicates found by MinHash LSH
     ngram: int = 5  # words per shingle
@@ -55,6 +62,8 @@ class DedupConfig:
         for name in ("ngram", "bands", "rows", "batch_shingles", "bucket_docs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"dedup.{name} must be >= 1, got {getattr(self, name)}")
+        if self.rule not in DEDUP_RULES:
+            raise ValueError(f"dedup.rule must be one of {', '.join(DEDUP_RULES)}, got {self.rule!r}")
         if not 0.0 <= self.verify_threshold <= 1.0:
             raise ValueError(f"dedup.verify_threshold must be within [0, 1], got {self.verify_threshold}")
 
