@@ -79,9 +79,11 @@ def test_an_edited_copy_in_another_source_is_removed_and_the_rest_survive_unchan
     assert stats.removed == {"near_duplicate": 1} and stats.removed_per_source == {"web": 0, "c4": 1}
     assert stats.cluster_sizes == {2: 1}
     # The phases handed over on disk: signatures per input shard, pairs per bucket (exact hashes, each band).
-    work = tmp_path / "run" / "work"
-    assert [(work / "signatures" / f"0000{u}.sig").stat().st_size for u in (0, 1)] == [30 * 14 * 8 * 4, 11 * 14 * 8 * 4]
-    assert sorted(p.name for p in (work / "pairs").glob("*.npy")) == [f"band-{b:02d}-000.npy" for b in range(14)] + ["exact-000.npy"]
+    # uint32 signatures of bands * rows values a document; one pairs file per band of the defaults.
+    work, config = tmp_path / "run" / "work", DedupConfig()
+    per_doc = config.bands * config.rows * 4
+    assert [(work / "signatures" / f"0000{u}.sig").stat().st_size for u in (0, 1)] == [30 * per_doc, 11 * per_doc]
+    assert sorted(p.name for p in (work / "pairs").glob("*.npy")) == [f"band-{b:02d}-000.npy" for b in range(config.bands)] + ["exact-000.npy"]
     assert stats.documents_in == {"web": 30, "c4": 11} and stats.kept == {"web": 30, "c4": 10}
     # The kept original carries its cluster; every other document comes out exactly as it went in.
     survivor = next(d for d in kept["web"] if d["id"] == original["id"])

@@ -53,15 +53,16 @@ def test_signatures_are_written_per_unit_whatever_the_task_split(tmp_path, units
     work = tmp_path / "one"
     assert json.loads(unit_file(work, "signatures", 2, ".json").read_text()) == {
         "source": "web", "shard": units[2].path, "documents": 8}
-    sigs = np.fromfile(unit_file(work, "signatures", 1, ".sig"), dtype=np.uint32).reshape(8, 112)
-    keys = np.fromfile(unit_file(work, "signatures", 1, ".bands"), dtype=np.uint64).reshape(14, 8)
-    lines = np.fromfile(unit_file(work, "signatures", 1, ".band_lines"), dtype=np.uint32).reshape(14, 8)
+    bands = config.bands  # 8 documents in each of units 1 and 2
+    sigs = np.fromfile(unit_file(work, "signatures", 1, ".sig"), dtype=np.uint32).reshape(8, bands * config.rows)
+    keys = np.fromfile(unit_file(work, "signatures", 1, ".bands"), dtype=np.uint64).reshape(bands, 8)
+    lines = np.fromfile(unit_file(work, "signatures", 1, ".band_lines"), dtype=np.uint32).reshape(bands, 8)
     # Each band sorted, its lines pointing back at the documents whose signatures give those keys.
     assert (np.diff(keys.astype(np.float64), axis=1) >= 0).all()
-    assert np.array_equal(keys, MinHasher(config).band_keys(sigs)[lines, np.arange(14)[:, None]])
+    assert np.array_equal(keys, MinHasher(config).band_keys(sigs)[lines, np.arange(bands)[:, None]])
     # The document without words has no signature, and band keys no other document can have.
-    empty_keys = np.fromfile(unit_file(work, "signatures", 2, ".bands"), dtype=np.uint64).reshape(14, 8)
-    empty_lines = np.fromfile(unit_file(work, "signatures", 2, ".band_lines"), dtype=np.uint32).reshape(14, 8)
+    empty_keys = np.fromfile(unit_file(work, "signatures", 2, ".bands"), dtype=np.uint64).reshape(bands, 8)
+    empty_lines = np.fromfile(unit_file(work, "signatures", 2, ".band_lines"), dtype=np.uint32).reshape(bands, 8)
     assert (empty_keys[empty_lines == 1] == np.uint64((1 << 63) | (2 << 32) | 1)).all()
     ids = [orjson.loads(line)[0] for line in unit_file(work, "signatures", 2, ".keys.jsonl").read_bytes().splitlines()]
     assert ids[:2] == ["again-7", "empty"]
@@ -83,7 +84,7 @@ def test_buckets_find_the_copies_in_any_key_range_split(tmp_path, units):
         exact = np.concatenate([p for name, p in zip(buckets, pairs) if name.startswith("exact")])
         near = np.concatenate([p for name, p in zip(buckets, pairs) if name.startswith("band")])
         results[partitions_of] = ({tuple(p) for p in exact.tolist()}, {tuple(p) for p in near.tolist()})
-        assert len(buckets) == 15 * {1 << 24: 1, 6: 4}[partitions_of]
+        assert len(buckets) == (1 + config.bands) * {1 << 24: 1, 6: 4}[partitions_of]  # exact hashes + bands
     assert results[1 << 24] == results[6]
     exact, near = results[6]
     # Global index = unit offset + line: docs[7] is unit 1 line 0 (7), again-7 unit 2 line 0 (15); the copy of
