@@ -108,6 +108,32 @@ def _my_units(count: int, rank: int, world_size: int) -> range:
     return range(rank, count, world_size)
 
 
+def no_words_key(unit: int, lines: np.ndarray) -> np.ndarray:
+    """The band key (the same in every band) of the documents without words at these lines of the unit: unique
+    within one run, so they never collide there. Sequential dedup, which compares keys across runs, leaves them out."""
+    return _EMPTY_KEY | (np.uint64(unit) << np.uint64(32)) | np.asarray(lines).astype(np.uint64)
+
+
+def read_signatures(work_dir: Path, offsets: np.ndarray, counts: Sequence[int], permutations: int,
+                    ids: np.ndarray) -> np.ndarray:
+    """(K, P) signatures of global document indices (`offsets`: each unit's first index, then the total), read
+    from the units' signature files."""
+    out = np.empty((len(ids), permutations), dtype=np.uint32)
+    if not len(ids):
+        return out
+    units = np.searchsorted(offsets, ids, side="right") - 1
+    order = np.argsort(units, kind="stable")
+    bounds = np.flatnonzero(np.diff(units[order])) + 1
+    for chunk in np.split(order, bounds):
+        unit = int(units[chunk[0]])
+        # Mapped for this read only: a bucket may touch every shard, and each map holds a file descriptor.
+        signatures = np.memmap(unit_file(work_dir, "signatures", unit, ".sig"), dtype=np.uint32, mode="r",
+                               shape=(counts[unit], permutations))
+        out[chunk] = signatures[ids[chunk] - offsets[unit]]
+        del signatures
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Phase 1: signatures, per task over its units
 
@@ -147,8 +173,7 @@ class DedupSignatures(PipelineStep):
                 sigs[batch_rows] = minhasher.signatures(batch)
                 keys[batch_rows] = minhasher.band_keys(sigs[batch_rows])
             empty = np.setdiff1d(np.arange(count), batch_rows)
-            lines = (np.uint64(start) + empty.astype(np.uint64))[:, None]
-            keys[empty] = _EMPTY_KEY | (np.uint64(unit) << np.uint64(32)) | lines
+            keys[empty] = no_words_key(unit, start + empty)[:, None]
             sig_file.write(sigs.tobytes())
             band_keys.append(keys)
             batch.clear()
@@ -273,18 +298,7 @@ class DedupBuckets(PipelineStep):
 
     def _gather(self, ids: np.ndarray) -> np.ndarray:
         """(K, P) signatures of global indices, read from the units' signature files."""
-        out = np.empty((len(ids), self.config.permutations), dtype=np.uint32)
-        units = np.searchsorted(self._offsets, ids, side="right") - 1
-        order = np.argsort(units, kind="stable")
-        bounds = np.flatnonzero(np.diff(units[order])) + 1
-        for chunk in np.split(order, bounds):
-            unit = int(units[chunk[0]])
-            # Mapped for this read only: a bucket may touch every shard, and each map holds a file descriptor.
-            signatures = np.memmap(unit_file(self.work_dir, "signatures", unit, ".sig"), dtype=np.uint32, mode="r",
-                                   shape=(self._counts[unit], self.config.permutations))
-            out[chunk] = signatures[ids[chunk] - self._offsets[unit]]
-            del signatures
-        return out
+        return read_signatures(self.work_dir, self._offsets, self._counts, self.config.permutations, ids)
 
 
 def _unique_pairs(pairs: np.ndarray) -> np.ndarray:
