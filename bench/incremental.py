@@ -64,7 +64,7 @@ def real_texts() -> list[list[str]]:
     texts += re.split(r"\n = [^=\n]+ = \n", (DATA / "wiki" / "wikitext-2-valid.txt").read_text())  # its articles
     with zipfile.ZipFile(DATA / "misc" / "webtext.zip") as z:
         texts += [z.read(n).decode("utf-8", "replace") for n in z.namelist() if n.endswith(".txt")]
-    return [words for words in (text.split() for text in set(texts)) if len(words) >= 300]
+    return [words for words in (text.split() for text in sorted(set(texts))) if len(words) >= 300]
 
 
 def window(words: list[str], rng: random.Random) -> list[str]:
