@@ -57,6 +57,9 @@ from storage.objects import ObjectStore
 # Every asset writes to the store and builds in scratch space; others (executor, launcher) are asked for by name.
 BASE_RESOURCES = frozenset({"store", "scratch"})
 CODE_METADATA = "pretrain/code"  # the asset definition's metadata: the code references of its code version
+# An asset definition's metadata: its partitions run one at a time, in partition order (a crawl's dumps are each
+# deduplicated against the ones before them; assets/runs/parallel.py schedules them so).
+IN_ORDER = "pretrain/partitions_in_order"
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,9 @@ class OutputSpec:
     build: Callable[[Inputs, Path], dict]
     metadata: Callable[[Inputs, Output], dict]
     reads: Mapping[str, AssetKey] = field(default_factory=dict)
+    # Reads taken at this run's partition (a crawl's dump: filtered[2024-10] reads raw_crawl[2024-10]); the others
+    # are read whole, as their latest output.
+    same_partition: frozenset[str] = frozenset()
     deps: Sequence[AssetKey] = ()  # upstream assets read by the hooks themselves
     prepare: Callable[[Inputs], Inputs] | None = None
     checks: Callable[[Inputs, Output], list[AssetCheckResult]] | None = None
@@ -175,7 +181,9 @@ def materialize(spec: OutputSpec, context: AssetExecutionContext) -> Materialize
     # A partition is an output of its own (the mix sweep's candidates): its folder is under the asset's.
     path = spec.key.path + ([context.partition_key] if context.has_partition_key else [])
     try:
-        outputs = {name: latest_output(context.instance, store, key) for name, key in spec.reads.items()}
+        partition = context.partition_key if context.has_partition_key else None
+        outputs = {name: latest_output(context.instance, store, key, partition if name in spec.same_partition else None)
+                   for name, key in spec.reads.items()}
         inputs = Inputs(context=context, store=store, outputs=outputs)
         if spec.prepare is not None:
             inputs = spec.prepare(inputs)

@@ -41,7 +41,7 @@ def find_output(instance: DagsterInstance, store: ObjectStore, key: AssetKey, da
             continue
         manifest = read_manifest(store, prefix.value)
         if manifest is not None and manifest.get("data_version") == data_version:
-            return Output(key=key, prefix=prefix.value, manifest=manifest)
+            return Output(key=key, prefix=prefix.value, manifest=manifest, partition=record.partition_key)
     raise LineageError(f"{key.to_user_string()}: no committed output with data version {data_version[:12]}… "
                        f"among its last {SEARCH_LIMIT} materializations")
 
@@ -50,7 +50,8 @@ def record_of(output: Output) -> dict:
     m = output.manifest
     return {"asset": output.key.to_user_string(), "data_version": m["data_version"],
             "code_version": m.get("code_version"), "run_id": m.get("run_id"),
-            "recipe_section_sha256": m.get("recipe_section_sha256"), "prefix": output.prefix}
+            "recipe_section_sha256": m.get("recipe_section_sha256"), "prefix": output.prefix,
+            **({"partition": output.partition} if output.partition is not None else {})}
 
 
 def lineage(instance: DagsterInstance, store: ObjectStore, roots: list[Output]) -> list[dict]:
@@ -59,7 +60,7 @@ def lineage(instance: DagsterInstance, store: ObjectStore, roots: list[Output]) 
     queue = deque(roots)
     while queue:
         output = queue.popleft()
-        ident = (output.key.to_user_string(), output.data_version)
+        ident = (output.key.to_user_string(), output.data_version)  # a dump's partition has its own data version
         if ident in seen:
             continue
         seen.add(ident)

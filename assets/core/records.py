@@ -118,17 +118,21 @@ class BatchQueryer(CachingInstanceQueryer):
         return super().get_latest_materialization_or_observation_record(asset_partition, after_cursor, before_cursor)
 
     def _partition_records(self, key: AssetKey) -> dict[str, EventLogRecord]:
-        """{partition: its latest materialization} of `key`: the newest storage id of each partition in one query
-        (Dagster's own, which leaves out what a wipe removed), those events in one more (per CHUNK partitions)."""
         if key not in self._by_partition:
-            ids = list(self.instance.get_latest_storage_id_by_partition(
-                key, event_type=DagsterEventType.ASSET_MATERIALIZATION).values())
-            records: dict[str, EventLogRecord] = {}
-            for start in range(0, len(ids), CHUNK):
-                chunk = ids[start:start + CHUNK]
-                for record in self.instance.event_log_storage.get_event_records(EventRecordsFilter(
-                        event_type=DagsterEventType.ASSET_MATERIALIZATION, asset_key=key, storage_ids=chunk),
-                        limit=len(chunk)):
-                    records[record.partition_key] = record
-            self._by_partition[key] = records
+            self._by_partition[key] = partition_materializations(self.instance, key)
         return self._by_partition[key]
+
+
+def partition_materializations(instance, key: AssetKey) -> dict[str, EventLogRecord]:
+    """{partition: its latest materialization} of `key`: the newest storage id of each partition in one query
+    (Dagster's own, which leaves out what a wipe removed), those events in one more (per CHUNK partitions)."""
+    ids = list(instance.get_latest_storage_id_by_partition(key, event_type=DagsterEventType.ASSET_MATERIALIZATION)
+               .values())
+    records: dict[str, EventLogRecord] = {}
+    for start in range(0, len(ids), CHUNK):
+        chunk = ids[start:start + CHUNK]
+        for record in instance.event_log_storage.get_event_records(EventRecordsFilter(
+                event_type=DagsterEventType.ASSET_MATERIALIZATION, asset_key=key, storage_ids=chunk),
+                limit=len(chunk)):
+            records[record.partition_key] = record
+    return records

@@ -10,8 +10,10 @@ any partition is, else stale if any is.
 from __future__ import annotations
 
 
-def asset_states(instance, graph, keys: list) -> list[tuple]:
-    """[(key, "fresh" | "stale" | "missing", cause)] for `keys` of the asset graph `graph`, in their order."""
+def asset_states(instance, graph, keys: list, partition_rows: dict | None = None) -> list[tuple]:
+    """[(key, "fresh" | "stale" | "missing", cause)] for `keys` of the asset graph `graph`, in their order. Given a
+    `partition_rows` dict, fills it with {key: [(partition, state, cause)]} for the partitioned keys among those it
+    already holds (a crawl's dumps: `pretrain status` shows each, `materialize --stale` runs only those not fresh)."""
     from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
     from dagster._core.definitions.data_version import CachingStaleStatusResolver
     from dagster._time import get_current_datetime
@@ -37,15 +39,39 @@ def asset_states(instance, graph, keys: list) -> list[tuple]:
         partitions = (node.partitions_def.get_partition_keys(dynamic_partitions_store=queryer)
                       if node.is_partitioned else [None])
         state = _state(resolver, key, partitions, node.is_partitioned)
-        if state == "missing":
-            cause = "never materialized"
-        elif state == "stale":
-            causes = {_describe_cause(c, key) for p in partitions for c in resolver.get_stale_root_causes(key, p)}
-            cause = "; ".join(sorted(causes))
-        else:
-            cause = "-"
-        rows.append((key, state, cause))
+        if partition_rows is not None and key in partition_rows and node.is_partitioned:
+            partition_rows[key] = [(p, s := resolver.get_status(key, p).value.lower(), _causes(resolver, key, [p], s))
+                                   for p in sorted(partitions)]
+        if state == "stale" and not node.is_partitioned and _kept(node) and \
+                all(_from_partitions(graph, c) for c in resolver.get_stale_root_causes(key)):
+            state = "fresh"
+        rows.append((key, state, _causes(resolver, key, partitions, state)))
     return rows
+
+
+def _kept(node) -> bool:
+    """An output kept whatever its code (the trained tokenizer: no code references in its code version)."""
+    from assets.core.factory import CODE_METADATA
+
+    refs = node.metadata.get(CODE_METADATA)
+    return refs is not None and not getattr(refs, "value", refs)
+
+
+def _from_partitions(graph, cause) -> bool:
+    """A stale cause that is a partitioned asset's new or changed partition (a crawl's new dump): a kept output
+    samples a crawl's first dump once and keeps it, so it is not stale for that (a recipe change still makes it so)."""
+    def partitioned(key) -> bool:
+        return key is not None and graph.has(key) and graph.get(key).is_partitioned
+
+    return partitioned(cause.dependency_asset_key) or partitioned(cause.asset_key)
+
+
+def _causes(resolver, key, partitions: list, state: str) -> str:
+    if state == "missing":
+        return "never materialized"
+    if state == "stale":
+        return "; ".join(sorted({_describe_cause(c, key) for p in partitions for c in resolver.get_stale_root_causes(key, p)}))
+    return "-"
 
 
 def _state(resolver, key, partitions: list, partitioned: bool) -> str:

@@ -23,6 +23,7 @@ class Output:
     key: AssetKey
     prefix: str
     manifest: dict
+    partition: str | None = None  # a partitioned asset's (a crawl's dump)
 
     @property
     def data_version(self) -> str:
@@ -56,18 +57,44 @@ def committed_result(store: ObjectStore, prefix: str, manifest: dict, *, metadat
     )
 
 
-def latest_output(instance: DagsterInstance, store: ObjectStore, key: AssetKey) -> Output:
-    event = instance.get_latest_materialization_event(key)
-    name = key.to_user_string()
+def latest_output(instance: DagsterInstance, store: ObjectStore, key: AssetKey, partition: str | None = None) -> Output:
+    """The latest committed output of `key` (of one partition's, given `partition`)."""
+    if partition is None:
+        event = instance.get_latest_materialization_event(key)
+    else:
+        from dagster import AssetRecordsFilter
+
+        found = instance.fetch_materializations(AssetRecordsFilter(asset_key=key, asset_partitions=[partition]),
+                                                limit=1).records
+        event = found[0] if found else None
+    name = key.to_user_string() + (f"[{partition}]" if partition is not None else "")
     if event is None or "prefix" not in event.asset_materialization.metadata:
-        raise OutputNotFound(f"{name} has never been materialized: run `pretrain materialize --select {name}`")
-    return output_at(store, key, event.asset_materialization.metadata["prefix"].value)
+        raise OutputNotFound(f"{name} has never been materialized: run `pretrain materialize --select "
+                             f"{key.to_user_string()}`")
+    return output_at(store, key, event.asset_materialization.metadata["prefix"].value, partition)
 
 
-def output_at(store: ObjectStore, key: AssetKey, prefix: str) -> Output:
+def partition_outputs(instance: DagsterInstance, store: ObjectStore, key: AssetKey, partitions: list[str]) -> dict:
+    """{partition: its latest committed output} of a partitioned asset, each of `partitions`, in their order;
+    OutputNotFound names the first never materialized. The newest storage id of each partition in one query, those
+    records in one more: a crawl of a hundred dumps is two queries, not a hundred."""
+    from assets.core.records import partition_materializations
+
+    records = partition_materializations(instance, key)
+    outputs = {}
+    for partition in partitions:
+        record = records.get(partition)
+        if record is None or "prefix" not in record.asset_materialization.metadata:
+            raise OutputNotFound(f"{key.to_user_string()}[{partition}] has never been materialized: run `pretrain "
+                                 f"materialize --select {key.to_user_string()}`")
+        outputs[partition] = output_at(store, key, record.asset_materialization.metadata["prefix"].value, partition)
+    return outputs
+
+
+def output_at(store: ObjectStore, key: AssetKey, prefix: str, partition: str | None = None) -> Output:
     """The committed output of `key` under `prefix` (e.g. one partition's, from its materialization)."""
     manifest = read_manifest(store, prefix)
     if manifest is None:
         raise OutputNotFound(f"{store.uri(prefix)} has no manifest: the output of {key.to_user_string()} is missing "
                              "or incomplete")
-    return Output(key=key, prefix=prefix, manifest=manifest)
+    return Output(key=key, prefix=prefix, manifest=manifest, partition=partition)

@@ -45,6 +45,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from assets.core.factory import IN_ORDER
 from assets.runs.progress import StreamReport
 from assets.runs.runners import InProcessRunner, Outcome, PoolRunner, Task
 
@@ -86,10 +87,12 @@ class _Asset:
 
 
 def materialize_parallel(defs, instance, keys: list, jobs: int, recipe_arg: str | None,
-                         run_tags: dict | None = None, report=None) -> bool:
+                         run_tags: dict | None = None, report=None, partitions: dict | None = None) -> bool:
     """Materialize `keys` in dependency order, up to `jobs` runs at once, each run tagged with `run_tags` too
-    (`--refresh`; a SESSION_TAG there names the command, else a new one does). False if one failed. Progress and
-    failures go to `report` (assets/runs/progress.py; by default every line to stderr)."""
+    (`--refresh`; a SESSION_TAG there names the command, else a new one does). A partitioned key runs every
+    partition, or those `partitions` names for it (`--stale`: the stale and missing ones). False if one failed.
+    Progress and failures go to `report` (assets/runs/progress.py; by default every line to stderr)."""
+    partitions_of = partitions or {}
     report = report or StreamReport()
     graph = defs.resolve_asset_graph()
     ancestors = _ancestors_in(graph, set(keys))
@@ -137,9 +140,15 @@ def materialize_parallel(defs, instance, keys: list, jobs: int, recipe_arg: str 
         node = graph.get(asset.key)
         partitions = node.partitions_def.get_partition_keys(dynamic_partitions_store=instance) if node.is_partitioned \
             else [None]
+        if asset.key in partitions_of:
+            partitions = [p for p in partitions if p in partitions_of[asset.key]]
+        if node.metadata.get(IN_ORDER):
+            partitions = sorted(partitions)
         asset.tasks = [Task(asset.key, p) for p in partitions]
         asset.left = len(asset.tasks)
-        if not partitions:
+        if not partitions and asset.key in partitions_of:  # nothing of it is stale after all
+            done.add(asset.key)
+        elif not partitions:
             failed.add(asset.key)
             failures.append((asset.key.to_user_string(), Outcome(False, error="no partitions yet (materialize what "
                                                                              "registers them)")))
@@ -171,7 +180,7 @@ def materialize_parallel(defs, instance, keys: list, jobs: int, recipe_arg: str 
             for asset in ready:
                 if asset.tasks is None:
                     expand(asset)
-            for task in (t for a in ready if a.key not in failed for t in a.tasks if not t.started):
+            for task in (t for a in ready if a.key not in failed for t in _startable(a, graph, running)):
                 slot = runner.free_slot()
                 if slot is None:
                     break
@@ -221,6 +230,15 @@ def materialize_parallel(defs, instance, keys: list, jobs: int, recipe_arg: str 
     if left:
         report.say(f"pretrain: not materialized because of the failure: {', '.join(left)}")
     return not failures
+
+
+def _startable(asset: _Asset, graph, running: dict) -> list:
+    """The asset's tasks that may start now: all not started, or for partitions run in order (IN_ORDER) the next one
+    once none of the asset's is running."""
+    waiting = [t for t in asset.tasks if not t.started]
+    if not graph.get(asset.key).metadata.get(IN_ORDER):
+        return waiting
+    return [] if any(t.key == asset.key for t in running.values()) else waiting[:1]
 
 
 def _interrupt(signum, frame):
