@@ -187,20 +187,32 @@ class Factory:
         # What can be materialized: the observed input sets (curation/<source>/inputs) are source assets.
         self.keys = sorted((k for k in self.defs.resolve_all_asset_keys() if graph.get(k).is_materializable),
                            key=lambda k: k.to_user_string())
+        # The assets partitioned by a crawl's dumps: status shows each dump, --stale runs only the dumps not fresh.
+        from assets.curation.dumps import dumps_partitions
+
+        dumps = {dumps_partitions(s) for s in self.recipe.sources if s.has_dumps}
+        self.dump_keys = {k for k in self.keys if graph.get(k).partitions_def in dumps} if dumps else set()
+        self.partition_states: dict = {}  # {key: [(dump, state, cause)]} of the dump keys, from the last statuses()
 
     def observe_inputs(self) -> None:
         """Observe every source's input files first, so new or replaced ones make their raw_crawl stale here as
         in the UI (assets/curation/raw_crawl.py)."""
         from dagster import Failure
 
+        from assets.curation.dumps import sync_dumps
         from assets.curation.raw_crawl import observe_inputs
 
         try:
             changed = observe_inputs(self.instance, self.recipe)
+            added = sync_dumps(self.instance, self.recipe)
         except Failure as exc:  # an input that cannot be listed
             raise UsageError(exc.description) from None
+        except ValueError as exc:  # a crawl's dump folders that cannot be listed
+            raise UsageError(str(exc)) from None
         if changed:
             self.say(f"pretrain: new input files observed for {', '.join(changed)}")
+        for source, dumps in added.items():
+            self.say(f"pretrain: new dump{'s' if len(dumps) > 1 else ''} of {source}: {', '.join(dumps)}")
 
     def statuses(self) -> list[tuple]:
         """[(key, "fresh" | "stale" | "missing", cause)] for every asset, in key order (assets/core/states.py), after
@@ -208,7 +220,8 @@ class Factory:
         from assets.core.states import asset_states
 
         self.observe_inputs()
-        return asset_states(self.instance, self.defs.resolve_asset_graph(), self.keys)
+        self.partition_states = {key: [] for key in self.dump_keys}
+        return asset_states(self.instance, self.defs.resolve_asset_graph(), self.keys, self.partition_states)
 
     def select(self, selection: str | None) -> list:
         """Keys for a --select: comma-separated keys or fnmatch patterns; `+PATTERN` adds everything upstream."""
@@ -228,7 +241,8 @@ class Factory:
             chosen.update(matches)
         return [k for k in self.keys if k in chosen]
 
-    def materialize(self, keys: list, jobs: int | None = None, refresh: bool = False, report=None) -> bool:
+    def materialize(self, keys: list, jobs: int | None = None, refresh: bool = False, report=None,
+                    partitions: dict | None = None) -> bool:
         """Run `keys` in dependency order, each asset (each partition of the mix sweep) a Dagster run of its own
         once everything it needs from the selection is done, up to `jobs` at once (assets/runs/parallel.py). `refresh`
         tags the runs so that what is trained once and kept is trained again (the tokenizer). The runs are tagged
@@ -239,7 +253,7 @@ class Factory:
         self.observe_inputs()
         tags = {**({REFRESH_TAG: "true"} if refresh else {}), **({SESSION_TAG: report.session} if report else {})}
         return materialize_parallel(self.defs, self.instance, keys, jobs=jobs or default_jobs(),
-                                    recipe_arg=self.recipe_arg, run_tags=tags, report=report)
+                                    recipe_arg=self.recipe_arg, run_tags=tags, report=report, partitions=partitions)
 
     def stale_round(self, wanted: set) -> list:
         """The next round of `materialize --stale`: the assets of `wanted` stale or missing, less those with a stale or
@@ -253,6 +267,22 @@ class Factory:
             if parents & pending or parents & waiting:
                 waiting.add(key)
         return [key for key in self.keys if key in pending and key not in waiting]
+
+    def stale_partitions(self, keys: list) -> dict:
+        """{key: its dumps stale or missing} of the dump-partitioned `keys`, from the last statuses(): a new dump
+        runs alone, the others stay as they are."""
+        from assets.core.factory import IN_ORDER
+
+        graph = self.defs.resolve_asset_graph()
+        chosen = {}
+        for key in (k for k in keys if k in self.partition_states):
+            rows = self.partition_states[key]
+            first = next((i for i, (_, state, _) in enumerate(rows) if state != "fresh"), len(rows))
+            # Dumps deduplicated in order: one after a rebuilt dump keys on it (Dagster does not know), so it runs
+            # too, and is built again only if what it keys on changed.
+            chosen[key] = ([p for p, _, _ in rows[first:]] if graph.get(key).metadata.get(IN_ORDER)
+                           else [p for p, state, _ in rows if state != "fresh"])
+        return chosen
 
     def resolve(self, asset: str, source: str | None):
         from dagster import AssetKey
@@ -338,7 +368,8 @@ def _materialize_selection(args, factory: Factory, jobs: int, report) -> bool:
         report.say(f"pretrain: materializing {len(todo)} stale or missing asset(s): "
                    f"{', '.join(k.to_user_string() for k in todo)}{log}")
         log = ""
-        if not factory.materialize(todo, jobs, refresh=args.refresh, report=report):
+        if not factory.materialize(todo, jobs, refresh=args.refresh, report=report,
+                                   partitions=factory.stale_partitions(todo)):
             return False
         done += todo
     if not done:
@@ -348,7 +379,11 @@ def _materialize_selection(args, factory: Factory, jobs: int, report) -> bool:
 
 def _status(args) -> int:
     factory = Factory(args.recipe)
-    rows = [(key.to_user_string(), state, cause) for key, state, cause in factory.statuses()]
+    rows = []
+    for key, state, cause in factory.statuses():
+        rows.append((key.to_user_string(), state, cause))
+        # A crawl's assets: a line per dump under the asset's own (missing or stale if any dump is).
+        rows += [(f"{key.to_user_string()}[{dump}]", s, c) for dump, s, c in factory.partition_states.get(key, [])]
     width = max(len(row[0]) for row in rows)
     for name, state, cause in rows:
         print(f"{name:<{width}}  {state:<7}  {cause}")

@@ -15,6 +15,7 @@ from dagster import AssetSelection, DefaultScheduleStatus, Definitions, Schedule
 
 from assets.curation import curation_assets
 from assets.curation.decontaminated import decontaminated_key
+from assets.curation.dumps import dump_sensors
 from assets.curation.raw_crawl import inputs_key
 from assets.evaluation import evaluation_assets
 from assets.home import pretrain_home, store_url
@@ -61,8 +62,10 @@ def build_defs(recipe: Recipe) -> Definitions:
     if recipe.scaling is not None:
         assets += [ladder_asset(recipe), fit_asset(recipe)]
     assets += evaluation_assets(recipe)
-    return Definitions(assets=assets, schedules=[*mixing_schedules(recipe), observe_inputs_schedule(recipe)],
-                       sensors=[*mixing_sensors(recipe), *follow_sensors()], resources=build_resources())
+    observed = [observe_inputs_schedule(recipe)] if any(not s.has_dumps for s in recipe.sources) else []
+    return Definitions(assets=assets, schedules=[*mixing_schedules(recipe), *observed],
+                       sensors=[*mixing_sensors(recipe), *follow_sensors(), *dump_sensors(recipe)],
+                       resources=build_resources())
 
 
 OBSERVE_INPUTS = "observe_inputs"
@@ -72,7 +75,7 @@ OBSERVE_CRON = "*/15 * * * *"
 def observe_inputs_schedule(recipe: Recipe) -> ScheduleDefinition:
     """Every source's input files observed every 15 minutes (running by default, under `dagster dev` or the
     daemon), so a new or replaced input file turns its raw_crawl stale in the UI without anyone asking."""
-    keys = [inputs_key(source.name) for source in recipe.sources]
+    keys = [inputs_key(source.name) for source in recipe.sources if not source.has_dumps]
     job = define_asset_job(OBSERVE_INPUTS, selection=AssetSelection.assets(*keys),
                            description="Observe every source's input files (curation/<source>/inputs).")
     return ScheduleDefinition(name=OBSERVE_INPUTS, job=job, cron_schedule=OBSERVE_CRON,

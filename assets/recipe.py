@@ -51,6 +51,10 @@ class RecipeError(ValueError):
     """A recipe that cannot be used; the message names the file and the field."""
 
 
+DUMP_PLACEHOLDER = "{dump}"
+DUMP_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+
+
 class SourceConfig(BaseModel):
     """One input corpus: where it is, how to read it, and (later) its per-stage settings."""
 
@@ -63,6 +67,10 @@ class SourceConfig(BaseModel):
         "(s3://bucket/crawl/*.warc.gz; S3 endpoint and credentials from the AWS_* variables)"))
     reader: ReaderConfig = ReaderConfig()
     filter: FilterConfig = FilterConfig()
+    # A crawl of many dumps: `{dump}` in its inputs stands for one folder name (crawl/{dump}/*.warc.gz). Each dump
+    # is a partition of the source's assets (assets/curation/dumps.py). The dumps are these, or, left out, every
+    # folder found where `{dump}` stands (found by the dump sensor and by `pretrain status` and `materialize`).
+    dumps: list[str] | None = Field(None, description="The source's dumps, in order; needs {dump} in its inputs")
 
     @field_validator("name")
     @classmethod
@@ -70,6 +78,40 @@ class SourceConfig(BaseModel):
         if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
             raise ValueError(f"source name {name!r} must match [a-z][a-z0-9_]* (it becomes an asset key)")
         return name
+
+    @field_validator("dumps")
+    @classmethod
+    def _dump_names(cls, dumps: list[str] | None) -> list[str] | None:
+        for dump in dumps or []:
+            if not re.fullmatch(DUMP_NAME, dump):
+                raise ValueError(f"dump name {dump!r} must match {DUMP_NAME} (it becomes a partition and a folder)")
+        if dumps is not None and len(set(dumps)) != len(dumps):
+            raise ValueError(f"a dump is named twice: {dumps}")
+        return dumps
+
+    @model_validator(mode="after")
+    def _dump_placeholder(self):
+        marked = [DUMP_PLACEHOLDER in spec for spec in self.inputs]
+        if any(marked) and not all(marked):
+            raise ValueError(f"inputs: either every input has {DUMP_PLACEHOLDER} (a crawl of dumps) or none has")
+        for spec in self.inputs:
+            if spec.count(DUMP_PLACEHOLDER) > 1 or (DUMP_PLACEHOLDER in spec and
+                                                    f"/{DUMP_PLACEHOLDER}/" not in f"/{spec}"):
+                raise ValueError(f"inputs: {spec!r}: {DUMP_PLACEHOLDER} must be one whole folder of the path, once "
+                                 "(crawl/{dump}/*.warc.gz)")
+        if self.dumps is not None and not any(marked):
+            raise ValueError(f"dumps: the inputs have no {DUMP_PLACEHOLDER}, so there is nothing to partition "
+                             "(crawl/{dump}/*.warc.gz)")
+        return self
+
+    @property
+    def has_dumps(self) -> bool:
+        """A crawl of dumps: its assets are partitioned by dump."""
+        return DUMP_PLACEHOLDER in self.inputs[0]
+
+    def dump_inputs(self, dump: str) -> list[str]:
+        """The inputs of one dump: {dump} replaced by its name."""
+        return [spec.replace(DUMP_PLACEHOLDER, dump) for spec in self.inputs]
 
     def raw_section(self) -> dict:
         """The part of this source that decides the `raw_crawl` output (its code version hashes this)."""
@@ -167,6 +209,21 @@ class Recipe(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _dumps_need_the_sequential_rule(self):
+        """A crawl of dumps is deduplicated dump by dump against what was kept before, which only the sequential
+        rule allows (the transitive one could take a kept document back)."""
+        crawls = [s.name for s in self.sources if s.has_dumps]
+        if crawls and self.dedup.rule != "sequential":
+            raise ValueError(f"dedup.rule: {', '.join(crawls)} {'is a crawl' if len(crawls) == 1 else 'are crawls'} of "
+                             f"dumps ({DUMP_PLACEHOLDER} in the inputs), deduplicated one dump after another against "
+                             f"what was kept before: set dedup.rule to sequential (it is {self.dedup.rule!r})")
+        for name in (self.ablation.sources if self.ablation else []):
+            if self.source(name).has_dumps:
+                raise ValueError(f"ablation.sources: {name!r} is a crawl of dumps; an ablation judges an unpartitioned "
+                                 "source")
+        return self
+
+    @model_validator(mode="after")
     def _ablation_has_what_it_needs(self):
         """An ablation trains proxies (training.main), scores them on reference.val_files, and names filter steps
         that exist."""
@@ -237,9 +294,13 @@ class Recipe(BaseModel):
                 return source
         raise KeyError(f"recipe {self.name!r} has no source {name!r}; it has {known_names(s.name for s in self.sources)}")
 
-    def input_files(self, source: SourceConfig) -> list[Path | str]:
-        """The source's inputs, sorted: local files as absolute Paths, remote ones as URLs (str)."""
-        return expand_inputs(source.inputs, self.input_root)
+    def input_files(self, source: SourceConfig, dump: str | None = None) -> list[Path | str]:
+        """The source's inputs (one dump's, for a crawl of dumps), sorted: local files as absolute Paths, remote ones
+        as URLs (str)."""
+        if source.has_dumps != (dump is not None):
+            raise ValueError(f"source {source.name!r}: " + ("name the dump to list" if source.has_dumps
+                                                             else "has no dumps"))
+        return expand_inputs(source.dump_inputs(dump) if dump is not None else source.inputs, self.input_root)
 
 
 def known_names(names, limit: int = 10) -> str:
@@ -307,7 +368,9 @@ def load_recipe(path: str | os.PathLike | None = None) -> Recipe:
         raise RecipeError(_describe(path, raw, exc)) from None
     for i, source in enumerate(recipe.sources):
         try:
-            expand_inputs([spec for spec in source.inputs if not URL_SCHEME.match(spec)], recipe.input_root)
+            # A crawl of dumps is listed per dump, when its partitions are found or built.
+            if not source.has_dumps:
+                expand_inputs([spec for spec in source.inputs if not URL_SCHEME.match(spec)], recipe.input_root)
         except ValueError as exc:
             raise RecipeError(f"{path}: sources[{i}] ({source.name}).inputs: {exc}") from None
     return recipe

@@ -20,7 +20,8 @@ from assets.core.factory import Inputs, OutputSpec, output_asset
 from assets.core.upstream import Output
 from assets.core.versioning import file_fingerprints, section_sha256
 from assets.curation.checks import benchmark_check, benchmark_check_spec, documents_check, documents_check_spec
-from assets.curation.deduplicated import deduplicated_key
+from assets.curation.deduplicated import deduplicated_key, dump_deduplicated_key
+from assets.curation.dumps import dump_partitioned
 from assets.plots import bar_chart
 from assets.recipe import Recipe, SourceConfig
 from pipelines.decontam.index import INDEX_FORMAT, BenchmarkIndex, DecontamConfig
@@ -43,9 +44,10 @@ def benchmark_files(recipe: Recipe) -> list[Path]:
         raise ValueError(f"recipe {recipe.name!r}: decontamination.benchmarks: {exc}") from None
 
 
-def decontaminated_asset(recipe: Recipe, source: SourceConfig, upstream_key: AssetKey | None = None):
-    """`upstream_key` is the global deduplicated asset, whose `<source>/part-*` files this asset reads."""
-    upstream_key = upstream_key or deduplicated_key()
+def decontaminated_asset(recipe: Recipe, source: SourceConfig):
+    """Reads the `<source>/part-*` files of the global deduplicated asset, or of the source's own (a partition per
+    dump) for a crawl of dumps."""
+    upstream_key = dump_deduplicated_key(source.name) if source.has_dumps else deduplicated_key()
     key = decontaminated_key(source.name)
     settings = recipe.decontamination
 
@@ -116,6 +118,7 @@ def decontaminated_asset(recipe: Recipe, source: SourceConfig, upstream_key: Ass
         check_specs=[documents_check_spec(key), benchmark_check_spec(key)],
         failures=(ValueError,),  # a benchmark file the recipe names is missing
         resources=frozenset({"executor"}), resumable=True,
+        same_partition=frozenset({"documents"}), asset_args=dump_partitioned(source),  # a dump reads its own part
     ))
 
 

@@ -19,6 +19,7 @@ from dagster import AssetKey, MetadataValue
 
 from assets.core.factory import Inputs, OutputSpec, output_asset
 from assets.core.upstream import Output
+from assets.curation.dumps import dump_partitioned
 from assets.curation.checks import documents_check, documents_check_spec, language_counts
 from assets.curation.quality_classifier import CLASSIFIER_KEY, MODEL_FILE
 from assets.curation.raw_crawl import raw_crawl_key
@@ -155,6 +156,8 @@ def filtered_asset(recipe: Recipe, source: SourceConfig):
         # On the committed output, read back from the store: a reused output is checked as well.
         checks=checks, check_specs=[documents_check_spec(key)],
         resources=frozenset({"executor"}), out_name="output", resumable=True,
+        # A crawl of dumps is filtered dump by dump: each partition reads its own raw_crawl partition.
+        same_partition=frozenset({"documents"}), asset_args=dump_partitioned(source),
     ))
 
 

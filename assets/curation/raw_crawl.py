@@ -22,6 +22,7 @@ from dagster import AssetKey, DataVersion, Failure, MetadataValue, observable_so
 from assets.core.factory import Inputs, OutputSpec, output_asset
 from assets.core.upstream import Output
 from assets.core.versioning import file_fingerprints
+from assets.curation.dumps import dump_partitioned
 from assets.plots import bar_chart, count_table
 from assets.recipe import Recipe, SourceConfig
 from pipelines.ingest.step import BadInputError, check_bad_fraction, ingest_pipeline, ingest_stats
@@ -35,11 +36,12 @@ def inputs_key(source_name: str) -> AssetKey:
     return AssetKey(["curation", source_name, "inputs"])
 
 
-def _listed(recipe: Recipe, source: SourceConfig) -> list:
+def _listed(recipe: Recipe, source: SourceConfig, dump: str | None = None) -> list:
     try:
-        return recipe.input_files(source)  # remote inputs are listed here, not when the recipe loads
+        return recipe.input_files(source, dump)  # remote inputs are listed here, not when the recipe loads
     except ValueError as exc:
-        raise Failure(description=f"sources[{source.name}].inputs: {exc}") from None
+        where = f" (dump {dump})" if dump is not None else ""
+        raise Failure(description=f"sources[{source.name}].inputs{where}: {exc}") from None
 
 
 def inputs_version(fingerprints: list[str]) -> str:
@@ -77,9 +79,10 @@ def observe_inputs(instance, recipe: Recipe) -> list[str]:
     from assets.core.records import latest_observations
 
     # Every source's latest observation in one query, not one per source (1,000 sources: 1,000 queries).
-    latest = latest_observations(instance, [inputs_key(source.name) for source in recipe.sources])
+    observed = [source for source in recipe.sources if not source.has_dumps]  # a crawl's dumps are partitions
+    latest = latest_observations(instance, [inputs_key(source.name) for source in observed])
     changed = []
-    for source in recipe.sources:
+    for source in observed:
         key = inputs_key(source.name)
         version = inputs_version(file_fingerprints(_listed(recipe, source)))
         if key in latest and latest[key].asset_observation.tags.get(DATA_VERSION_TAG) == version:
@@ -92,7 +95,8 @@ def observe_inputs(instance, recipe: Recipe) -> list[str]:
 
 def raw_crawl_asset(recipe: Recipe, source: SourceConfig):
     def prepare(inputs: Inputs) -> Inputs:
-        files = _listed(recipe, source)
+        dump = inputs.context.partition_key if source.has_dumps else None
+        files = _listed(recipe, source, dump)
         return inputs.but(fingerprints=file_fingerprints(files), manifest={"inputs": [str(path) for path in files]},
                           extra={"files": files})
 
@@ -140,10 +144,13 @@ def raw_crawl_asset(recipe: Recipe, source: SourceConfig):
             "(text, id, metadata.url/origin, source). Driven by the recipe's "
             f"`sources[{source.name}]` inputs, format and reader settings."
         ),
-        deps=[inputs_key(source.name)],  # observed, so new or replaced input files show as stale
+        # Observed, so new or replaced input files show as stale; a crawl of dumps is one partition per dump folder
+        # instead (assets/curation/dumps.py), each keyed on its own files' fingerprints.
+        deps=[] if source.has_dumps else [inputs_key(source.name)],
         prepare=prepare, build=build, metadata=metadata,
         resources=frozenset({"executor"}),
         resumable=True,  # the work folder (task completion markers, finished inputs' parts) is kept per version
+        asset_args=dump_partitioned(source),
     ))
 
 

@@ -61,7 +61,7 @@ def _evaluation_asset(recipe: Recipe, stage: str):
     earlier = lineage_of(recipe, stage)[:-1]
 
     def prepare(inputs: Inputs) -> Inputs:
-        found = training_inputs(inputs.context, inputs.store, inputs.resources.scratch, sources)
+        found = training_inputs(inputs.context, inputs.store, inputs.resources.scratch, sources, recipe)
         trained = inputs.outputs["trained"]
         # The earlier stages' evaluations are read for the plot only: they are not part of this output's version.
         return inputs.but(upstream={**found.upstream, stage_key(stage).to_user_string(): trained.data_version},

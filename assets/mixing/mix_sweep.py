@@ -42,7 +42,7 @@ def mix_sweep_spec(recipe: Recipe) -> OutputSpec:
         if name not in candidates:
             raise Failure(description=f"partition {name} is not a candidate of the current recipe's mixing section "
                                       f"(candidates: {', '.join(sorted(candidates))}); it is left from an older sweep")
-        found = training_inputs(inputs.context, inputs.store, inputs.resources.scratch, sources)
+        found = training_inputs(inputs.context, inputs.store, inputs.resources.scratch, sources, recipe)
         return inputs.but(upstream=found.upstream, fingerprints=[name], manifest={"lineage": found.lineage},
                           extra={"name": name, "weights": candidates[name], "training": found})
 

@@ -29,7 +29,7 @@ from assets.mixing.section import (
 )
 from assets.plots import bar_chart
 from assets.recipe import Recipe
-from assets.tokenization.packed import packed_key
+from assets.tokenization.packed import packed_key, source_packed
 from trainer.data.mixing import best_mixture, fit_mixture_regression
 
 
@@ -60,9 +60,12 @@ def mixture_weights_asset(recipe: Recipe):
             inputs.log.warning(f"fitting {len(results)} proxy runs; left out: not run yet {pending}, run with "
                                f"another proxy {other}")
         # The tokens main will read of each source: a new packing is another budget, so another fit.
-        packed = {name: inputs.read(packed_key(name)) for name in sorted(recipe.mixing.prior)}
-        available = {name: packed_tokens(out.manifest) for name, out in packed.items()}
-        versions = {out.key.to_user_string(): out.data_version for out in packed.values()}
+        # A crawl of dumps: every dump's tokens, so the mixture sees the source grow.
+        packed = {name: source_packed(inputs.context.instance, inputs.store, recipe.source(name))
+                  for name in sorted(recipe.mixing.prior)}
+        available = {name: sum(packed_tokens(out.manifest) for out in outs) for name, outs in packed.items()}
+        versions = {out.key.to_user_string() + (f"[{out.partition}]" if out.partition else ""): out.data_version
+                    for outs in packed.values() for out in outs}
         return inputs.but(key_upstream={**swept, **versions}, manifest={"swept": swept, "packed": versions},
                           extra={"results": results, "pending": pending + other, "draws": drawn.get("draws", {}),
                                  "available": available})

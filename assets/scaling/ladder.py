@@ -54,7 +54,7 @@ def ladder_spec(recipe: Recipe) -> OutputSpec:
 
     def prepare(inputs: Inputs) -> Inputs:
         rung = by_name[inputs.context.partition_key]
-        found = training_inputs(inputs.context, inputs.store, inputs.resources.scratch, sources)
+        found = training_inputs(inputs.context, inputs.store, inputs.resources.scratch, sources, recipe)
         upstream, lineage = dict(found.upstream), list(found.lineage)
         weights = {name: 1.0 for name in sources}
         if uses_mixture:

@@ -14,14 +14,16 @@ from dagster import AssetKey
 from tokenizers import Tokenizer
 
 from assets.core.factory import Inputs, OutputSpec, output_asset
-from assets.core.upstream import Output
+from assets.core.upstream import Output, OutputNotFound, latest_output, partition_outputs
 from assets.plots import bar_chart
-from assets.recipe import Recipe
+from assets.curation.dumps import dump_partitioned, dumps_partitions
+from assets.recipe import Recipe, SourceConfig
 from assets.tokenization.tokenizer import TOKENIZER_FILE, tokenizer_key
 from pipelines.tokenization.pack import PackIndex, PackShards, shard_name, split_counts
 from pipelines.runner import stat_totals
 from pipelines.tokenization.packed_format import INDEX_FILE
 from pipelines.tokenization.tokenizer import PackingConfig
+from storage.manifest import data_version_of
 
 # Settings that change how the work is done but never its output (packing is batch-size independent).
 PACKING_FIELDS_NOT_VERSIONED = ("batch_documents", "batch_bytes")
@@ -69,6 +71,7 @@ def pack_parts(inputs: Inputs, keys: list[str], tokenizer: Output, out_dir: Path
 
 def packed_asset(recipe: Recipe, source_name: str, upstream_key: Callable[[str], AssetKey]):
     documents_key = upstream_key(source_name)
+    source = recipe.source(source_name)
 
     def build(inputs: Inputs, out_dir: Path) -> dict:
         return pack_parts(inputs, inputs.outputs["documents"].files(), inputs.outputs["tokenizer"], out_dir,
@@ -98,6 +101,8 @@ def packed_asset(recipe: Recipe, source_name: str, upstream_key: Callable[[str],
         reads={"tokenizer": tokenizer_key(), "documents": documents_key}, build=build, metadata=metadata,
         failures=(ValueError,),  # documents the packer refuses (named by source)
         resources=frozenset({"executor"}), resumable=True,
+        # A crawl of dumps is packed dump by dump: a new dump packs its own documents only.
+        same_partition=frozenset({"documents"}), asset_args=dump_partitioned(source),
     ))
 
 
@@ -113,3 +118,38 @@ def _tokens_per_source(instance, recipe: Recipe, source_name: str, counts: dict)
         entry = event.asset_materialization.metadata.get("tokens_train") if event else None
         tokens[source.name] = entry.value if entry is not None else 0
     return bar_chart(tokens, title="train tokens per source (latest packed outputs)", ylabel="tokens")
+
+
+def source_packed(instance, store, source: SourceConfig) -> list[Output]:
+    """A source's packed outputs: its latest one, or a crawl's every current dump's, in dump order. OutputNotFound
+    names what was never materialized."""
+    if not source.has_dumps:
+        return [latest_output(instance, store, packed_key(source.name))]
+    dumps = sorted(instance.get_dynamic_partitions(dumps_partitions(source).name))
+    if not dumps:
+        raise OutputNotFound(f"source {source.name!r} has no dump yet: {', '.join(source.inputs)} names no folder")
+    return list(partition_outputs(instance, store, packed_key(source.name), dumps).values())
+
+
+def combined_manifest(outputs: list[Output]) -> dict:
+    """One packed manifest for a crawl's dumps, read as one source: each dump's shards, in dump order, under the
+    dump's folder name (the folder that training/inputs.py links to it). What the trainer's reader opens."""
+    if len(outputs) == 1:
+        return outputs[0].manifest
+    first = outputs[0].manifest["packing"]
+    same = ("dtype", "eos_id", "vocab_size", "format")
+    for out in outputs[1:]:
+        differs = [f for f in same if out.manifest["packing"].get(f) != first.get(f)]
+        if differs:
+            raise ValueError(f"{out.key.to_user_string()}[{out.partition}] was packed with another {differs[0]} than "
+                             f"[{outputs[0].partition}]: materialize the crawl's packed partitions again")
+    splits = {}
+    for split in first["splits"]:
+        shards = [{**shard, "tokens_file": f"{out.partition}/{shard['tokens_file']}",
+                   "offsets_file": f"{out.partition}/{shard['offsets_file']}"}
+                  for out in outputs for shard in out.manifest["packing"]["splits"][split]["shards"]]
+        splits[split] = {"tokens": sum(s["tokens"] for s in shards), "documents": sum(s["documents"] for s in shards),
+                         "shards": shards}
+    files = [{**f, "path": f"{out.partition}/{f['path']}"} for out in outputs for f in out.manifest["files"]]
+    return {"packing": {**first, "splits": splits}, "files": files, "data_version": data_version_of(files),
+            "dumps": {out.partition: out.data_version for out in outputs}}

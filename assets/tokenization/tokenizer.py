@@ -2,7 +2,7 @@
 the tokenizer.json the recipe names (`tokenizer.path`), with EOS and PAD. Output: tokenizer.json; the manifest
 records its sha256, the special tokens and their ids.
 
-The sample is drawn by the executor resource's tasks, each streaming its share of the sources' committed parts
+A crawl of dumps (assets/curation/dumps.py) is sampled in its first dump. The sample is drawn by the executor resource's tasks, each streaming its share of the sources' committed parts
 from the store and keeping each part's bottom sample (pipelines/tokenization/pack.py SampleShards); the parts' samples are
 merged into the sample one pass over each whole source would draw (bounded by `sample_bytes`), so neither the
 task count nor the parts' split changes the tokenizer.
@@ -25,7 +25,8 @@ from dagster import AssetKey
 
 from assets.core.factory import Inputs, OutputSpec, output_asset
 from assets.core.lineage import SEARCH_LIMIT
-from assets.core.upstream import Output
+from assets.core.upstream import Output, OutputNotFound, latest_output
+from assets.curation.dumps import dumps_partitions
 from assets.core.versioning import file_fingerprints
 from assets.recipe import Recipe
 from pipelines.tokenization.pack import SampleShards, merged_sample
@@ -70,7 +71,7 @@ def tokenizer_asset(recipe: Recipe, upstream_key: Callable[[str], AssetKey]):
     def prepare(inputs: Inputs) -> Inputs:
         if adopt:
             return inputs.but(fingerprints=file_fingerprints([adopt]), manifest={"inputs": [str(adopt)]})
-        inputs = inputs.but(manifest={"inputs": []})
+        inputs = inputs.but(manifest={"inputs": []}, outputs={**inputs.outputs, **first_dumps(inputs)})
         if inputs.context.run.tags.get(REFRESH_TAG) == "true":
             inputs.log.info("refresh asked for: the sample is drawn from the sources' current outputs")
             return inputs
@@ -80,6 +81,18 @@ def tokenizer_asset(recipe: Recipe, upstream_key: Callable[[str], AssetKey]):
         inputs.log.info(f"a tokenizer of this recipe section was trained on {kept}: reusing it (the sources' "
                         "current outputs are not sampled again; --refresh trains a new one)")
         return inputs.but(key_upstream=kept)
+
+    def first_dumps(inputs: Inputs) -> dict[str, Output]:
+        """A crawl of dumps is sampled in its first dump: the tokenizer is trained once, and a sample that grew
+        with every dump would name a new one each time."""
+        found = {}
+        for source in (s for s in recipe.sources if s.has_dumps):
+            dumps = sorted(inputs.context.instance.get_dynamic_partitions(dumps_partitions(source).name))
+            if not dumps:
+                raise OutputNotFound(f"source {source.name!r} has no dump yet: the tokenizer samples its first one")
+            found[source.name] = latest_output(inputs.context.instance, inputs.store, upstream_key(source.name),
+                                               dumps[0])
+        return found
 
     def build(inputs: Inputs, out_dir: Path) -> dict:
         if adopt:
@@ -138,7 +151,8 @@ def tokenizer_asset(recipe: Recipe, upstream_key: Callable[[str], AssetKey]):
         code=None,  # kept whatever the code: a new tokenizer would make every packed shard and stage stale
         description=f"The tokenizer: {how}; EOS {config.eos!r}, PAD {config.pad!r}. Driven by the recipe's `tokenizer` section.",
         # An adopted tokenizer does not depend on the documents; a trained one samples every source.
-        reads={} if adopt else {source.name: upstream_key(source.name) for source in recipe.sources},
+        reads={} if adopt else {s.name: upstream_key(s.name) for s in recipe.sources if not s.has_dumps},
+        deps=[] if adopt else [upstream_key(s.name) for s in recipe.sources if s.has_dumps],
         prepare=prepare, build=build, metadata=metadata,
         failures=(ValueError,),  # a tokenizer that cannot be adopted or does not round-trip
         resources=frozenset({"executor"}), resumable=True,

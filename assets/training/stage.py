@@ -91,7 +91,7 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, start_from: tuple[st
         run_settings, overrides = _with_overrides(name, settings, context.op_config or {})
         if overrides:
             context.log.info(f"launchpad overrides for this run: {overrides}")
-        found = training_inputs(context, store, inputs.resources.scratch, sources)
+        found = training_inputs(context, store, inputs.resources.scratch, sources, recipe)
         upstream, lineage = dict(found.upstream), list(found.lineage)
         weights = fixed
         if uses_mixture:

@@ -1,0 +1,224 @@
+"""A crawl that grows dump by dump (assets/curation/dumps.py): real documents split into four dumps, three
+materialized, then the fourth added. Only the fourth dump's partitions run, the kept documents equal one sequential
+run over all four, the earlier dumps' outputs keep their data versions; a filter change makes stale the crawl's
+partitions and what is downstream of them, nothing of the other source; a new dump folder on S3 becomes a partition
+on the dump sensor's next tick."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import orjson
+import pytest
+import yaml
+from dagster import AssetKey, DagsterInstance, build_sensor_context
+
+from assets.cli import main
+from tests.assets.test_cli import status_rows
+
+DATA = Path(__file__).resolve().parents[4] / "shared" / "data"
+DUMPS = ["2024-10", "2024-18", "2024-22", "2024-26"]
+CRAWL_ASSETS = ["curation/crawl/raw_crawl", "curation/crawl/filtered", "curation/crawl/deduplicated",
+                "curation/crawl/decontaminated", "tokenization/crawl/packed"]
+
+
+def real_documents() -> list[dict]:
+    """Real web pages: DCLM's labelled sample, then C4 and Dolma documents; those of 50 words or more, each once."""
+    texts = [json.loads(line)["text"] for line in open(DATA / "quality" / "dclm_majority_data.jsonl")]
+    for path in sorted((DATA / "jsonl").glob("*.json*.gz")):
+        texts += [json.loads(line)["text"] for line in gzip.open(path)]
+    return [{"text": t} for t in dict.fromkeys(texts) if len(t.split()) >= 50]
+
+
+def write_part(path: Path, docs: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wb") as f:
+        for doc in docs:
+            f.write(orjson.dumps({"text": doc["text"], "id": doc["id"]}) + b"\n")
+
+
+def near_copy(doc: dict, new_id: str) -> dict:
+    """The document with one word in fifty replaced: Jaccard of its 5-word shingles well above 0.8."""
+    words = doc["text"].split()
+    for i in range(0, len(words), 50):
+        words[i] = "zzyzx"
+    return {"text": " ".join(words), "id": new_id}
+
+
+@pytest.fixture
+def crawl(tmp_path) -> dict:
+    """news: one plain source; crawl: four dumps of distinct real documents, with duplicates planted: within a dump,
+    across dumps (exact and near), and of the news source."""
+    docs = real_documents()
+    news = [{"text": d["text"], "id": f"news-{i}"} for i, d in enumerate(docs[:40])]
+    per_dump = 60
+    dumps = {}
+    for k, dump in enumerate(DUMPS):
+        start = 40 + k * per_dump
+        dumps[dump] = [{"text": d["text"], "id": f"{dump}-{i}"} for i, d in enumerate(docs[start:start + per_dump])]
+    d1, d2, d3, d4 = (dumps[d] for d in DUMPS)
+    d1.append(near_copy(d1[0], f"{DUMPS[0]}-near"))  # within a dump
+    d2.append({**news[3], "id": f"{DUMPS[1]}-news"})  # of the other source
+    d3.append({**d1[5], "id": f"{DUMPS[2]}-exact"})  # of an earlier dump, exact
+    d4 += [near_copy(d2[7], f"{DUMPS[3]}-near"), {**d3[2], "id": f"{DUMPS[3]}-exact"}]
+    write_part(tmp_path / "news" / "news.jsonl.gz", news)
+    for dump in DUMPS[:3]:
+        write_part(tmp_path / "crawl" / dump / f"{dump}.jsonl.gz", dumps[dump])
+    recipe = tmp_path / "recipe.yaml"
+    raw = {"name": "growing", "sources": [
+        {"name": "news", "format": "jsonl", "inputs": [str(tmp_path / "news" / "*.jsonl.gz")]},
+        {"name": "crawl", "format": "jsonl", "inputs": [str(tmp_path / "crawl" / "{dump}" / "*.jsonl.gz")],
+         "filter": {"gopher_quality": {"min_doc_words": 50}}}],
+        "dedup": {"rule": "sequential"},
+        "tokenizer": {"vocab_size": 512, "sample_bytes": 200_000}}
+    recipe.write_text(yaml.safe_dump(raw))
+    return {"root": tmp_path, "recipe": recipe, "raw": raw, "dumps": dumps, "news": news}
+
+
+def partition_versions(keys: list[str]) -> dict:
+    """{(asset, dump): data version of its latest materialization}."""
+    instance = DagsterInstance.get()
+    found = {}
+    for key in keys:
+        for record in instance.fetch_materializations(AssetKey.from_user_string(key), limit=1000).records:
+            ident = (key, record.partition_key)
+            if ident not in found:  # newest first
+                found[ident] = record.asset_materialization.tags["dagster/data_version"]
+    return found
+
+
+def all_materializations() -> list[tuple[str, str | None]]:
+    from dagster import DagsterEventType, EventRecordsFilter
+
+    instance = DagsterInstance.get()
+    records = instance.get_event_records(EventRecordsFilter(event_type=DagsterEventType.ASSET_MATERIALIZATION),
+                                         limit=10_000)
+    return sorted((r.asset_key.to_user_string(), r.partition_key) for r in records)
+
+
+def kept_ids(store_root: Path) -> set[str]:
+    """Every document id in the news' and the crawl's deduplicated outputs (one version each here), from the store."""
+    ids = set()
+    for manifest_path in store_root.glob("curation/**/deduplicated/**/manifest.json"):
+        folder = manifest_path.parent
+        for entry in json.loads(manifest_path.read_text())["files"]:
+            if "/part-" in entry["path"] and entry["path"].endswith(".jsonl.gz"):
+                ids.update(json.loads(line)["id"] for line in gzip.open(folder / entry["path"]))
+    return ids
+
+
+@pytest.mark.slow
+def test_a_new_dump_builds_only_its_partitions_and_keeps_what_was_kept(crawl, monkeypatch, capsys, pretrain_home):
+    monkeypatch.setenv("PRETRAIN_RECIPE", str(crawl["recipe"]))
+    select = "+tokenization/*/packed"
+    assert main(["materialize", "--stale", "--select", select]) == 0
+    rows = status_rows(capsys)
+    for key in CRAWL_ASSETS:
+        for dump in DUMPS[:3]:
+            assert rows[f"{key}[{dump}]"] == ("fresh", "-"), (key, dump, rows)
+    before = partition_versions(CRAWL_ASSETS + ["curation/deduplicated", "tokenization/tokenizer"])
+    runs_before = all_materializations()
+
+    # The fourth dump's folder appears: `pretrain status` finds it, and --stale builds its partitions only.
+    dumps = crawl["dumps"]
+    write_part(crawl["root"] / "crawl" / DUMPS[3] / f"{DUMPS[3]}.jsonl.gz", dumps[DUMPS[3]])
+    rows = status_rows(capsys)
+    assert rows[f"curation/crawl/raw_crawl[{DUMPS[3]}]"][0] == "missing"
+    assert rows["curation/news/filtered"] == ("fresh", "-")
+    assert main(["materialize", "--stale", "--select", select]) == 0
+    new_runs = list(all_materializations())
+    for run in runs_before:
+        new_runs.remove(run)
+    assert sorted(new_runs) == sorted((key, DUMPS[3]) for key in CRAWL_ASSETS), new_runs
+    after = partition_versions(CRAWL_ASSETS + ["curation/deduplicated", "tokenization/tokenizer"])
+    assert {k: v for k, v in after.items() if k[1] != DUMPS[3]} == before  # nothing earlier changed
+    rows = status_rows(capsys)
+    assert all(state == "fresh" for key, (state, _) in rows.items() if "tokenization" in key or "curation" in key), rows
+
+    # The kept documents equal one sequential run over the news source and all four dumps, in order.
+    from pipelines.dedup.minhash import DedupConfig
+    from pipelines.dedup.sequential import deduplicate_sequential
+    from pipelines.dedup.steps import Shard
+
+    store = pretrain_home / "store"
+    one_run = pretrain_home / "one-run"
+    filtered = {}
+    for key in ("curation/news/filtered", "curation/crawl/filtered"):
+        for manifest_path in sorted(store.glob(f"{key}/**/manifest.json")):
+            part = manifest_path.parent
+            dump = part.parent.name if key.startswith("curation/crawl") else None
+            for entry in json.loads(manifest_path.read_text())["files"]:
+                if entry["path"].startswith("part-"):
+                    # Each dump's parts are numbered from 0: linked under the dump's name, so one run can hold all.
+                    link = one_run / "in" / f"{dump or 'news'}-{entry['path']}"
+                    link.parent.mkdir(parents=True, exist_ok=True)
+                    link.symlink_to(part / entry["path"])
+                    filtered.setdefault(dump, []).append(Shard("news" if dump is None else "crawl", str(link)))
+    stats = deduplicate_sequential(sources=[("news", filtered[None]),
+                                            ("crawl", [s for d in DUMPS for s in filtered[d]])],
+                                   earlier=[], config=DedupConfig(rule="sequential"), work_dir=one_run / "work",
+                                   out_dir=one_run / "out")
+    expected = set()
+    for entry in stats.files:
+        if "/part-" in entry["path"]:
+            expected.update(json.loads(line)["id"] for line in gzip.open(one_run / "out" / entry["path"]))
+    assert kept_ids(store) == expected
+    planted = {f"{DUMPS[0]}-near", f"{DUMPS[1]}-news", f"{DUMPS[2]}-exact", f"{DUMPS[3]}-near", f"{DUMPS[3]}-exact"}
+    assert not planted & expected, planted & expected  # every planted duplicate went
+
+
+@pytest.mark.slow
+def test_a_filter_change_on_the_crawl_makes_its_partitions_stale_and_nothing_else(crawl, monkeypatch, capsys):
+    """Staleness shows one step at a time (a child turns stale once its parent is built again): the crawl's filtered
+    dumps first; then --stale rebuilds the crawl's partitions down to its packed shards, and nothing of the news
+    source, the global dedup or the tokenizer."""
+    monkeypatch.setenv("PRETRAIN_RECIPE", str(crawl["recipe"]))
+    assert main(["materialize", "--stale", "--select", "+tokenization/*/packed"]) == 0
+    runs_before = all_materializations()
+    raw = crawl["raw"]
+    raw["sources"][1]["filter"]["gopher_quality"]["min_doc_words"] = 80
+    crawl["recipe"].write_text(yaml.safe_dump(raw))
+    rows = status_rows(capsys)
+    stale = sorted(key for key, (state, _) in rows.items() if state != "fresh")
+    assert stale == ["curation/crawl/filtered", *(f"curation/crawl/filtered[{d}]" for d in DUMPS[:3])], stale
+    assert main(["materialize", "--stale", "--select", "+tokenization/*/packed"]) == 0
+    new_runs = all_materializations()
+    for run in runs_before:
+        new_runs.remove(run)
+    assert sorted(new_runs) == sorted((key, d) for key in CRAWL_ASSETS[1:] for d in DUMPS[:3]), new_runs
+    assert all(state == "fresh" for state, _ in status_rows(capsys).values())
+
+
+def test_the_dump_sensor_adds_a_new_s3_dump_folder_on_its_next_tick(tmp_path, s3, monkeypatch):
+    """The crawl is on the moto S3 server: a new dump folder under its prefix is a new partition on the next tick;
+    a tick with nothing new adds nothing."""
+    from assets.cli import open_instance
+    from assets.curation.dumps import dump_sensors, dumps_partitions
+    from assets.recipe import load_recipe
+
+    bucket, client = s3.bucket, s3.client()
+    doc = orjson.dumps({"text": "a document of the crawl", "id": "x"}) + b"\n"
+    for dump in DUMPS[:2]:
+        client.put_object(Bucket=bucket, Key=f"crawl/{dump}/part-0.jsonl", Body=doc)
+    recipe_path = tmp_path / "recipe.yaml"
+    recipe_path.write_text(yaml.safe_dump({"name": "s3crawl", "dedup": {"rule": "sequential"}, "sources": [
+        {"name": "crawl", "format": "jsonl", "inputs": [f"s3://{bucket}/crawl/{{dump}}/*.jsonl"]}]}))
+    recipe = load_recipe(recipe_path)
+    [sensor] = dump_sensors(recipe)
+    partitions = dumps_partitions(recipe.sources[0])
+    instance = open_instance()
+
+    def tick() -> list[str]:
+        result = sensor(build_sensor_context(instance=instance))
+        added = [key for request in result.dynamic_partitions_requests for key in request.partition_keys]
+        if added:  # what the daemon does with the tick's requests
+            instance.add_dynamic_partitions(partitions.name, added)
+        return added
+
+    assert tick() == DUMPS[:2]
+    assert tick() == []
+    client.put_object(Bucket=bucket, Key=f"crawl/{DUMPS[2]}/part-0.jsonl", Body=doc)
+    assert tick() == [DUMPS[2]]
+    assert sorted(instance.get_dynamic_partitions(partitions.name)) == DUMPS[:3]
