@@ -14,8 +14,9 @@ Timed, --repeats times each, alternating, the fastest run counting (the machine 
   (a) dump 4 added: deduplicate_sequential(earlier=[dump 1, 2, 3]);
   (b) dump 4 alone: deduplicate_sequential(earlier=[]);
 both with LocalRunner(workers=--workers) and the stage's own task counts, each in a fresh work folder.
-Printed: the corpus, both times and kept counts, then `ratio: X.XX` = (a) / (b): what the index of the earlier
-dumps adds to a dump's dedup (target <= 1.2). `--smoke` runs 150 documents a dump, one repeat: it checks the paths
+Printed: the corpus, both times and kept counts; then figure 2, `pretrain status` seconds at 100 and 1,000 sources of
+generated recipes beside Dagster's floor (bench/orchestration.py's measure, one round); then `ratio: X.XX` = (a) /
+(b): what the index of the earlier dumps adds to a dump's dedup (target <= 1.2). `--smoke` runs 150 documents a dump, one repeat: it checks the paths
 work, its figures mean nothing.
 """
 
@@ -137,6 +138,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="processes of the LocalRunner, both sides")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each side; the fastest counts")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--status-sizes", default="100,1000",
+                        help="source counts of figure 2, comma-separated; empty: no figure 2 (default 100,1000)")
     parser.add_argument("--smoke", action="store_true", help="150 documents a dump, one repeat: the paths run")
     args = parser.parse_args()
     if args.smoke:
@@ -175,7 +178,22 @@ def main() -> None:
               f"({documents / best['added'][0]:,.0f} docs/s)")
         print(f"(b) dump {DUMPS} alone: {best['alone'][0]:.2f} s, kept {best['alone'][1]:,} "
               f"({documents / best['alone'][0]:,.0f} docs/s)")
-        print(f"ratio: {best['added'][0] / best['alone'][0]:.2f}")
+        ratio = best["added"][0] / best["alone"][0]
+
+        # --- Figure 2: `pretrain status` at 100 and 1,000 sources beside Dagster's floor (bench/orchestration.py's
+        # generated recipes and floor, one round each) -------------------------------------------------------------
+        if args.status_sizes:
+            sys.path.insert(0, str(_HERE))
+            import orchestration
+
+            sizes = [orchestration.SMOKE_SOURCES] if args.smoke else [int(n) for n in args.status_sizes.split(",")]
+            for sources in sizes:
+                (root / "status").mkdir(exist_ok=True)
+                found = orchestration.measure(sources, 1, root / "status")
+                ours, floor = found["figures"][("status", "ours")][0], found["figures"][("status", "floor")][0]
+                print(f"pretrain status at {sources:,} sources ({found['assets']:,} assets): {ours:.2f} s; Dagster's "
+                      f"floor {floor:.2f} s ({ours / floor:.2f}x)")
+        print(f"ratio: {ratio:.2f}")
 
 
 if __name__ == "__main__":

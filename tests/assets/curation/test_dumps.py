@@ -222,3 +222,49 @@ def test_the_dump_sensor_adds_a_new_s3_dump_folder_on_its_next_tick(tmp_path, s3
     client.put_object(Bucket=bucket, Key=f"crawl/{DUMPS[2]}/part-0.jsonl", Body=doc)
     assert tick() == [DUMPS[2]]
     assert sorted(instance.get_dynamic_partitions(partitions.name)) == DUMPS[:3]
+
+
+@pytest.mark.slow
+def test_training_reads_every_dump_and_names_each_in_its_lineage(crawl, monkeypatch, capsys):
+    """training/main reads the crawl's dumps as one source: its lineage names each packed partition, a new dump
+    makes it stale (and only the new dump's partitions and the stage run), and the crawl's epochs fall as its tokens
+    grow."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    raw = crawl["raw"]
+    raw["training"] = {"main": {
+        "train_tokens": 6 * 8 * 64, "model": {"vocab_size": 512, "d_model": 32, "n_layers": 1, "n_heads": 2},
+        "batch": {"global_batch": 8, "micro_batch": 8, "seq_len": 64, "ramp_start": None, "ramp_tokens": 0},
+        "optim": {"lr": 3e-3}, "deepspeed": {"zero_stage": 1, "bf16": "auto"},
+        "metrics": {"log_interval": 1, "eval_batches": 1, "tensorboard": False},
+        "checkpoint": {"interval_steps": 3, "keep_last": 1}}}
+    crawl["recipe"].write_text(yaml.safe_dump(raw))
+    monkeypatch.setenv("PRETRAIN_RECIPE", str(crawl["recipe"]))
+    assert main(["materialize", "--stale", "--select", "+training/main"]) == 0
+
+    def stage() -> dict:
+        event = DagsterInstance.get().get_latest_materialization_event(AssetKey.from_user_string("training/main"))
+        meta = {k: v.value for k, v in event.asset_materialization.metadata.items()}
+        prefix = meta["prefix"]
+        store = Path(DagsterInstance.get().root_directory).parent / "store"
+        return {**meta, "manifest": json.loads((store / prefix / "manifest.json").read_text())}
+
+    first = stage()
+    packed = sorted(r["partition"] for r in first["manifest"]["lineage"] if r["asset"] == "tokenization/crawl/packed")
+    assert packed == DUMPS[:3]
+    # Through each dump's chain down to its raw partition, and the news source's, once each.
+    raws = sorted(r.get("partition") or "-" for r in first["manifest"]["lineage"] if r["asset"].endswith("raw_crawl"))
+    assert raws == ["-", *DUMPS[:3]], raws
+
+    write_part(crawl["root"] / "crawl" / DUMPS[3] / f"{DUMPS[3]}.jsonl.gz", crawl["dumps"][DUMPS[3]])
+    runs_before = all_materializations()
+    assert main(["materialize", "--stale", "--select", "+training/main"]) == 0
+    new_runs = all_materializations()
+    for run in runs_before:
+        new_runs.remove(run)
+    assert sorted(new_runs) == sorted([(key, DUMPS[3]) for key in CRAWL_ASSETS] + [("training/main", None)])
+    second = stage()
+    packed = sorted(r["partition"] for r in second["manifest"]["lineage"] if r["asset"] == "tokenization/crawl/packed")
+    assert packed == DUMPS
+    assert second["epochs"]["crawl"] < first["epochs"]["crawl"]  # the same draws over more tokens
+    assert second["epochs"]["news"] == first["epochs"]["news"]
