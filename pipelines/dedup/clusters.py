@@ -11,7 +11,7 @@ its pointer-jumping copy), 27.3 with a tenth of the documents in clusters of 2-4
 with three tenths: the keep rule's dict takes ~300 bytes per duplicate cluster. So 10^9 documents with a tenth of
 them in clusters need about 30 GB in this one task.
 
-DedupRemoval rewrites each unit's shard: documents outside any cluster pass through as the same bytes, cluster
+DedupRemoval (a ShardRemoval, the rewrite the sequential rule's removal shares) rewrites each unit's shard: documents outside any cluster pass through as the same bytes, cluster
 members get `metadata.dup_cluster` ("<source>/<id>" of the kept document) and `metadata.dup_cluster_size`, and
 the removed ones `metadata.dedup_reason` (exact_duplicate when their text hash equals the kept document's, else
 near_duplicate) and go to the removed file. File layout: pipelines/dedup/steps.py.
@@ -162,16 +162,23 @@ def _roots(parent: np.ndarray) -> np.ndarray:
         parent = up
 
 
-class DedupRemoval(PipelineStep):
+class ShardRemoval(PipelineStep):
     """Per unit: the shard rewritten to <source>/part-<shard>.jsonl.gz (kept) and <source>/removed-<shard>.jsonl.gz
-    (removed), with the cluster metadata on members; removal/UUUUU.json lists the files and their records."""
+    (removed), as its phase's plan says (work/<plan_phase>/UUUUU.jsonl: [line, *entry] per document it names);
+    a document the plan does not name passes through as the same bytes. removal/UUUUU.json lists the files and
+    their records. A rule's own removal says what an entry does to its document (`apply`)."""
 
     type = "🫂 - DEDUP"
     name = "🎯 removal"
+    plan_phase = ""
 
     def __init__(self, units: Sequence[Shard], work_dir: Path, out_dir: Path):
         super().__init__()
         self.units, self.work_dir, self.out_dir = list(units), Path(work_dir), Path(out_dir)
+
+    def apply(self, doc: dict, entry: list) -> str | None:
+        """Sets the entry's metadata on `doc`; returns the removal reason, or None when the document is kept."""
+        raise NotImplementedError
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
         (self.work_dir / "removal").mkdir(parents=True, exist_ok=True)
@@ -182,9 +189,10 @@ class DedupRemoval(PipelineStep):
 
     def _unit(self, unit: int) -> None:
         shard = self.units[unit]
-        plan_path = unit_file(self.work_dir, "clusters", unit, ".jsonl")
+        plan_path = unit_file(self.work_dir, self.plan_phase, unit, ".jsonl")
         if not plan_path.is_file():
-            raise FileNotFoundError(f"dedup removal: {plan_path} is missing: the clusters phase has not completed")
+            raise FileNotFoundError(f"dedup removal: {plan_path} is missing: the {self.plan_phase} phase has not "
+                                    "completed")
         plan = {row[0]: row[1:] for row in map(orjson.loads, plan_path.read_bytes().splitlines())}
         kept_name, removed_name = output_names(shard)
         kept, removed = _LazyGzip(self.out_dir / kept_name), _LazyGzip(self.out_dir / removed_name)
@@ -193,19 +201,16 @@ class DedupRemoval(PipelineStep):
             for line, raw in enumerate(shard.lines()):
                 entry = plan.get(line)
                 if entry is None:
-                    kept.write(raw.rstrip(b"\r\n") + b"\n")  # not in any cluster: the same bytes
+                    kept.write(raw.rstrip(b"\r\n") + b"\n")  # named by no plan: the same bytes
                     continue
-                label, size, action = entry
                 doc = orjson.loads(raw)
                 doc.setdefault("metadata", {})
-                doc["metadata"]["dup_cluster"] = label
-                doc["metadata"]["dup_cluster_size"] = size
-                if action == KEEP:
+                reason = self.apply(doc, entry)
+                if reason is None:
                     kept.write(orjson.dumps(doc) + b"\n")
                 else:
-                    doc["metadata"]["dedup_reason"] = action
                     removed.write(orjson.dumps(doc) + b"\n")
-                    reasons[action] += 1
+                    reasons[reason] += 1
         finally:
             kept.close()
             removed.close()
@@ -217,6 +222,22 @@ class DedupRemoval(PipelineStep):
         files = [{"path": name, "records": w.records}
                  for name, w in ((kept_name, kept), (removed_name, removed)) if w.records]
         write_atomic(unit_file(self.work_dir, "removal", unit, ".json"), [json.dumps({"files": files}).encode()])
+
+
+class DedupRemoval(ShardRemoval):
+    """The transitive rule's removal: cluster members get metadata.dup_cluster ("<source>/<id>" of the kept one) and
+    dup_cluster_size; the removed ones metadata.dedup_reason."""
+
+    plan_phase = "clusters"
+
+    def apply(self, doc: dict, entry: list) -> str | None:
+        label, size, action = entry
+        doc["metadata"]["dup_cluster"] = label
+        doc["metadata"]["dup_cluster_size"] = size
+        if action == KEEP:
+            return None
+        doc["metadata"]["dedup_reason"] = action
+        return action
 
 
 class _LazyGzip:

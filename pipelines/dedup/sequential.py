@@ -50,7 +50,6 @@ from __future__ import annotations
 import math
 import mmap
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
@@ -58,12 +57,12 @@ import numpy as np
 import orjson
 from datatrove.pipeline.base import PipelineStep
 
-from pipelines.dedup.clusters import _LazyGzip
+from pipelines.dedup.clusters import ShardRemoval
 from pipelines.dedup.index import (MAX_KEPT, EarlierIndex, IndexMatch, IndexPart, IndexWrite, index_pieces,
                                    match_units, open_earlier, write_meta)
 from pipelines.dedup.minhash import DedupConfig, estimated_jaccard
-from pipelines.dedup.stage import BUCKET_TASK_DOCS, DedupStats, _check_unique_outputs, _stats, _write_unit_index
-from pipelines.dedup.steps import DedupSignatures, Shard, output_names, read_signatures, read_unit_index, unit_file
+from pipelines.dedup.stage import BUCKET_TASK_DOCS, DedupStats, dedup_stats, prepare_units, write_unit_index
+from pipelines.dedup.steps import DedupSignatures, Shard, read_signatures, read_unit_index, unit_file
 from pipelines.runner import LocalRunner, stat_totals
 from storage.objects import write_atomic
 
@@ -83,14 +82,7 @@ def deduplicate_sequential(
 ) -> DedupStats:
     """Deduplicate this part's documents (`sources` in recipe order) against `earlier` (in corpus order) and itself.
     config.rule is not read here: it is the caller's choice between this function and stage.py's deduplicate()."""
-    names = [name for name, _ in sources]
-    if len(set(names)) != len(names):
-        raise ValueError(f"dedup: source names must be unique, got {names}")
-    units = [p if isinstance(p, Shard) else Shard(name, str(p)) for name, paths in sources for p in paths]
-    _check_unique_outputs(units)
-    work_dir, out_dir = Path(work_dir), Path(out_dir)
-    work_dir.mkdir(parents=True, exist_ok=True)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    names, units, work_dir, out_dir = prepare_units(sources, work_dir, out_dir)
     parts = open_earlier(earlier, config, work_dir)  # a part with other settings is refused before any work
     executor = executor or LocalRunner()
 
@@ -101,7 +93,7 @@ def deduplicate_sequential(
         return executor.run([step], logging_dir=work_dir / "logs" / phase, tasks=tasks)
 
     run("signatures", DedupSignatures(units, config, work_dir), tasks(len(units), len(units)))
-    info = _write_unit_index(units, config, work_dir)
+    info = write_unit_index(units, config, work_dir)
     if info["documents"] > MAX_KEPT:
         raise ValueError(f"dedup: a part holds at most {MAX_KEPT} documents (its index rows are uint32), this one "
                          f"{info['documents']}: split it")
@@ -118,7 +110,7 @@ def deduplicate_sequential(
     write_meta(out_dir, config, int(np.load(work_dir / "rule" / "kept.npy").sum()))
     totals = {phase: stat_totals(path) for phase, path in totals.items()}
     totals["buckets"] += totals["clusters"]  # pairs are counted by the match tasks and by the rule's loop
-    return _stats(names, units, work_dir, totals, info["documents"])
+    return dedup_stats(names, units, work_dir, totals, info["documents"])
 
 
 class SequentialRule(PipelineStep):
@@ -283,54 +275,14 @@ class SequentialRule(PipelineStep):
         return labels
 
 
-class SequentialRemoval(PipelineStep):
-    """Per unit: the shard rewritten to <source>/part-<shard>.jsonl.gz (kept, the same bytes) and
-    <source>/removed-<shard>.jsonl.gz (metadata.dedup_reason, metadata.dup_of); removal/UUUUU.json lists them."""
+class SequentialRemoval(ShardRemoval):
+    """The sequential rule's removal: only removed documents are in its plan ([line, dup_of, reason]); they get
+    metadata.dedup_reason and metadata.dup_of, and every kept document stays the same bytes."""
 
-    type = "🫂 - DEDUP"
-    name = "🎯 removal"
+    plan_phase = "rule"
 
-    def __init__(self, units: Sequence[Shard], work_dir: Path, out_dir: Path):
-        super().__init__()
-        self.units, self.work_dir, self.out_dir = list(units), Path(work_dir), Path(out_dir)
-
-    def run(self, data=None, rank: int = 0, world_size: int = 1):
-        (self.work_dir / "removal").mkdir(parents=True, exist_ok=True)
-        for unit in range(rank, len(self.units), world_size):
-            with self.track_time("unit"):
-                self._unit(unit)
-        return iter(())
-
-    def _unit(self, unit: int) -> None:
-        shard = self.units[unit]
-        plan_path = unit_file(self.work_dir, "rule", unit, ".jsonl")
-        if not plan_path.is_file():
-            raise FileNotFoundError(f"dedup removal: {plan_path} is missing: the rule phase has not completed")
-        plan = {row[0]: row[1:] for row in map(orjson.loads, plan_path.read_bytes().splitlines())}
-        kept_name, removed_name = output_names(shard)
-        kept, removed = _LazyGzip(self.out_dir / kept_name), _LazyGzip(self.out_dir / removed_name)
-        reasons: Counter = Counter()
-        try:
-            for line, raw in enumerate(shard.lines()):
-                entry = plan.get(line)
-                if entry is None:
-                    kept.write(raw.rstrip(b"\r\n") + b"\n")
-                    continue
-                label, reason = entry
-                doc = orjson.loads(raw)
-                doc.setdefault("metadata", {})
-                doc["metadata"]["dedup_reason"] = reason
-                doc["metadata"]["dup_of"] = label
-                removed.write(orjson.dumps(doc) + b"\n")
-                reasons[reason] += 1
-        finally:
-            kept.close()
-            removed.close()
-        self.stat_update(f"documents_in:{shard.source}", value=kept.records + removed.records)
-        self.stat_update(f"kept:{shard.source}", value=kept.records)
-        self.stat_update(f"removed:{shard.source}", value=removed.records)
-        for reason, count in sorted(reasons.items()):
-            self.stat_update(f"removed_{reason}", value=count)
-        files = [{"path": name, "records": w.records}
-                 for name, w in ((kept_name, kept), (removed_name, removed)) if w.records]
-        write_atomic(unit_file(self.work_dir, "removal", unit, ".json"), [orjson.dumps({"files": files})])
+    def apply(self, doc: dict, entry: list) -> str | None:
+        label, reason = entry
+        doc["metadata"]["dedup_reason"] = reason
+        doc["metadata"]["dup_of"] = label
+        return reason

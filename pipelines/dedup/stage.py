@@ -82,14 +82,7 @@ def deduplicate(
     executor=None,
 ) -> DedupStats:
     """Deduplicate the documents of all sources together; `sources` in recipe order (the keep rule uses it)."""
-    names = [name for name, _ in sources]
-    if len(set(names)) != len(names):
-        raise ValueError(f"dedup: source names must be unique, got {names}")
-    units = [p if isinstance(p, Shard) else Shard(name, str(p)) for name, paths in sources for p in paths]
-    _check_unique_outputs(units)
-    work_dir, out_dir = Path(work_dir), Path(out_dir)
-    work_dir.mkdir(parents=True, exist_ok=True)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    names, units, work_dir, out_dir = prepare_units(sources, work_dir, out_dir)
     executor = executor or LocalRunner()
 
     def tasks(natural: int) -> int:
@@ -99,7 +92,7 @@ def deduplicate(
         return executor.run([step], logging_dir=work_dir / "logs" / phase, tasks=tasks)
 
     run("signatures", DedupSignatures(units, config, work_dir), tasks(len(units)))
-    index = _write_unit_index(units, config, work_dir)
+    index = write_unit_index(units, config, work_dir)
     buckets = bucket_units(config, index["partitions"])
     # Bucket tasks, unless the executor sets a count: one per BUCKET_TASK_DOCS documents (below that a worker
     # pool costs more than it saves), at most one per input shard and per bucket unit.
@@ -109,7 +102,22 @@ def deduplicate(
     counts["clusters"] = run("clusters", DedupClusters(names, buckets, work_dir), 1)
     counts["removal"] = run("removal", DedupRemoval(units, work_dir, out_dir), tasks(len(units)))
     totals = {phase: stat_totals(path) for phase, path in counts.items()}
-    return _stats(names, units, work_dir, totals, index["documents"])
+    return dedup_stats(names, units, work_dir, totals, index["documents"])
+
+
+def prepare_units(sources: Sequence[tuple[str, Sequence[Shard | Path | str]]], work_dir: Path,
+                  out_dir: Path) -> tuple[list[str], list[Shard], Path, Path]:
+    """(source names, input units, work_dir, out_dir) of a dedup run, either rule's: names unique, every unit's
+    outputs named apart, both folders made."""
+    names = [name for name, _ in sources]
+    if len(set(names)) != len(names):
+        raise ValueError(f"dedup: source names must be unique, got {names}")
+    units = [p if isinstance(p, Shard) else Shard(name, str(p)) for name, paths in sources for p in paths]
+    _check_unique_outputs(units)
+    work_dir, out_dir = Path(work_dir), Path(out_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return names, units, work_dir, out_dir
 
 
 def _check_unique_outputs(units: list[Shard]) -> None:
@@ -122,7 +130,7 @@ def _check_unique_outputs(units: list[Shard]) -> None:
         seen[name] = shard
 
 
-def _write_unit_index(units: list[Shard], config: DedupConfig, work_dir: Path) -> dict:
+def write_unit_index(units: list[Shard], config: DedupConfig, work_dir: Path) -> dict:
     """units.json from the signature phase's per-unit records: document counts, offsets, bucket key ranges."""
     rows, offset = [], 0
     for unit, shard in enumerate(units):
@@ -139,7 +147,9 @@ def _write_unit_index(units: list[Shard], config: DedupConfig, work_dir: Path) -
     return index
 
 
-def _stats(names: list[str], units: list[Shard], work_dir: Path, totals: dict[str, Counter], documents: int) -> DedupStats:
+def dedup_stats(names: list[str], units: list[Shard], work_dir: Path, totals: dict[str, Counter],
+                documents: int) -> DedupStats:
+    """DedupStats from the phases' merged stats and the removal phase's file lists (either rule's)."""
     removal, clusters, buckets = totals["removal"], totals["clusters"], totals["buckets"]
     stats = DedupStats(
         documents_in={name: int(removal[f"documents_in:{name}"]) for name in names},

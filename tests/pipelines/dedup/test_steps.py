@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from pipelines.dedup.minhash import DedupConfig, MinHasher
-from pipelines.dedup.stage import _write_unit_index
+from pipelines.dedup.stage import write_unit_index
 from pipelines.dedup.steps import DedupBuckets, DedupSignatures, Shard, bucket_units, output_names, unit_file
 from storage.local import LocalStore
 from tests.pipelines.dedup.test_minhash import c4_docs, edit_words, write_part  # noqa: F401  (c4_docs: a fixture)
@@ -76,7 +76,7 @@ def test_buckets_find_the_copies_in_any_key_range_split(tmp_path, units):
         config = DedupConfig(bucket_docs=partitions_of)
         work = tmp_path / str(partitions_of)
         DedupSignatures(units, config, work).run()
-        index = _write_unit_index(units, config, work)
+        index = write_unit_index(units, config, work)
         buckets = bucket_units(config, index["partitions"])
         for rank in range(3):
             DedupBuckets(buckets, config, work).run(rank=rank, world_size=3)
@@ -96,7 +96,7 @@ def test_buckets_find_the_copies_in_any_key_range_split(tmp_path, units):
 def test_buckets_verify_candidates_with_the_signatures(tmp_path, units):
     config = DedupConfig(verify_threshold=1.0)  # only identical signatures pass
     DedupSignatures(units, config, tmp_path).run()
-    _write_unit_index(units, config, tmp_path)
+    write_unit_index(units, config, tmp_path)
     buckets = bucket_units(config, 1)
     DedupBuckets(buckets, config, tmp_path).run()
     near = np.concatenate([np.load(tmp_path / "pairs" / f"{name}.npy") for name in buckets if name.startswith("band")])
@@ -107,7 +107,7 @@ def test_a_phase_without_its_input_names_what_is_missing(tmp_path, units):
     with pytest.raises(FileNotFoundError, match="units.json is missing"):
         DedupBuckets(["exact-000"], DedupConfig(), tmp_path).run()
     with pytest.raises(FileNotFoundError, match="the signature phase did not write"):
-        _write_unit_index(units, DedupConfig(), tmp_path)
+        write_unit_index(units, DedupConfig(), tmp_path)
 
 
 def test_gzip_inputs_decompress_as_they_stream(tmp_path, c4_docs):  # noqa: F811
