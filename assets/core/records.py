@@ -114,10 +114,11 @@ class BatchQueryer(CachingInstanceQueryer):
             if partition is not None and self.asset_graph.has(key):
                 node = self.asset_graph.get(key)
                 if node.is_materializable and not node.is_observable:
-                    return self._partition_records(key).get(partition)
+                    return self.partition_records(key).get(partition)
         return super().get_latest_materialization_or_observation_record(asset_partition, after_cursor, before_cursor)
 
-    def _partition_records(self, key: AssetKey) -> dict[str, EventLogRecord]:
+    def partition_records(self, key: AssetKey) -> dict[str, EventLogRecord]:
+        """{partition: its latest materialization} of `key`, asked once."""
         if key not in self._by_partition:
             self._by_partition[key] = partition_materializations(self.instance, key)
         return self._by_partition[key]

@@ -18,6 +18,7 @@ def asset_states(instance, graph, keys: list, partition_rows: dict | None = None
     from dagster._core.definitions.data_version import CachingStaleStatusResolver
     from dagster._time import get_current_datetime
 
+    from assets.core.factory import IN_ORDER
     from assets.core.records import BatchQueryer, latest_observations, prefetch_asset_records
 
     view = AssetGraphView(
@@ -35,18 +36,47 @@ def asset_states(instance, graph, keys: list, partition_rows: dict | None = None
     rows = []
     for key in keys:
         node = graph.get(key)
+        if not node.is_partitioned:
+            state = resolver.get_status(key).value.lower()
+            if state == "stale" and _kept(node) and \
+                    all(_from_partitions(graph, c) for c in resolver.get_stale_root_causes(key)):
+                state = "fresh"
+            rows.append((key, state, _causes(resolver, key, [None], state)))
+            continue
         # Dynamic partitions are read through the queryer, which asks once per partitions definition.
-        partitions = (node.partitions_def.get_partition_keys(dynamic_partitions_store=queryer)
-                      if node.is_partitioned else [None])
-        state = _state(resolver, key, partitions, node.is_partitioned)
-        if partition_rows is not None and key in partition_rows and node.is_partitioned:
-            partition_rows[key] = [(p, s := resolver.get_status(key, p).value.lower(), _causes(resolver, key, [p], s))
-                                   for p in sorted(partitions)]
-        if state == "stale" and not node.is_partitioned and _kept(node) and \
-                all(_from_partitions(graph, c) for c in resolver.get_stale_root_causes(key)):
-            state = "fresh"
-        rows.append((key, state, _causes(resolver, key, partitions, state)))
+        partitions = sorted(node.partitions_def.get_partition_keys(dynamic_partitions_store=queryer))
+        after = _built_after_earlier(queryer, key, partitions) if node.metadata.get(IN_ORDER) else {}
+        per = []
+        for p in partitions:
+            state = resolver.get_status(key, p).value.lower()
+            cause = _causes(resolver, key, [p], state)
+            if p in after and state == "fresh":
+                state, cause = "stale", f"dump {after[p]} before it was built again after it"
+            per.append((p, state, cause))
+        if partition_rows is not None and key in partition_rows:
+            partition_rows[key] = per
+        states = {state for _, state, _ in per} or {"missing"}
+        state = next(s for s in ("missing", "stale", "fresh") if s in states)
+        causes = sorted({cause for _, s, cause in per if s == state}) if state == "stale" else []
+        rows.append((key, state, "; ".join(causes) if causes else _causes(resolver, key, partitions, state)))
     return rows
+
+
+def _built_after_earlier(queryer, key, partitions: list[str]) -> dict[str, str]:
+    """{partition: the earlier one built after it} of an asset whose partitions are built in order, each keyed on
+    the ones before it (a crawl's deduplicated dumps: assets/curation/deduplicated.py). Dagster does not know that
+    dependency; the order of the materializations does: one rebuilt before a later one makes that one stale."""
+    records = queryer.partition_records(key)
+    newest, newest_partition, stale = -1, None, {}
+    for p in partitions:
+        record = records.get(p)
+        if record is None:
+            continue
+        if record.storage_id < newest:
+            stale[p] = newest_partition
+        elif record.storage_id > newest:
+            newest, newest_partition = record.storage_id, p
+    return stale
 
 
 def _kept(node) -> bool:
@@ -72,13 +102,6 @@ def _causes(resolver, key, partitions: list, state: str) -> str:
     if state == "stale":
         return "; ".join(sorted({_describe_cause(c, key) for p in partitions for c in resolver.get_stale_root_causes(key, p)}))
     return "-"
-
-
-def _state(resolver, key, partitions: list, partitioned: bool) -> str:
-    if not partitioned:
-        return resolver.get_status(key).value.lower()
-    states = {resolver.get_status(key, partition).value.lower() for partition in partitions} or {"missing"}
-    return next(state for state in ("missing", "stale", "fresh") if state in states)
 
 
 def _describe_cause(cause, key) -> str:
