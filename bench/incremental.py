@@ -15,7 +15,8 @@ Timed, --repeats times each, alternating, the fastest run counting (the machine 
   (b) dump 4 alone: deduplicate_sequential(earlier=[]);
 both with LocalRunner(workers=--workers) and the stage's own task counts, each in a fresh work folder.
 Printed: the corpus, both times and kept counts; then figure 2, `pretrain status` seconds at 100 and 1,000 sources of
-generated recipes beside Dagster's floor (bench/orchestration.py's measure, one round); then `ratio: X.XX` = (a) /
+generated recipes beside Dagster's floor (bench/orchestration.py's measure, one round), and at 1,000 dump partitions
+of one crawl (listed in its recipe, not materialized); then `ratio: X.XX` = (a) /
 (b): what the index of the earlier dumps adds to a dump's dedup (target <= 1.2). `--smoke` runs 150 documents a dump, one repeat: it checks the paths
 work, its figures mean nothing.
 """
@@ -132,6 +133,29 @@ def dedup(sources, earlier: list[IndexPart], config: DedupConfig, work: Path, wo
     return time.perf_counter() - start, sum(stats.kept.values())
 
 
+def partitions_status(dumps: int, work: Path) -> float:
+    """Seconds of `pretrain status` (the second of two runs: the first adds the partitions) on a recipe of one crawl of
+    `dumps` dumps, in a fresh home."""
+    import os
+    import subprocess
+
+    import yaml
+
+    work.mkdir()
+    recipe = work / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"name": "partitions", "dedup": {"rule": "sequential"}, "sources": [
+        {"name": "crawl", "format": "jsonl", "inputs": [str(work / "crawl" / "{dump}" / "*.jsonl")],
+         "dumps": [f"d{i:05d}" for i in range(dumps)]}]}))
+    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "PRETRAIN_RECIPE", "PRETRAIN_STORE")}
+    env["PRETRAIN_HOME"] = str(work / "home")
+    command = [sys.executable, "-m", "assets.cli", "status", "--recipe", str(recipe)]
+    for _ in range(2):
+        start = time.perf_counter()
+        subprocess.run(command, cwd=_HERE.parent, env=env, check=True, capture_output=True)
+        seconds = time.perf_counter() - start
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--docs-per-dump", type=int, default=10000, help="fresh documents a dump, before its copies")
@@ -193,6 +217,11 @@ def main() -> None:
                 ours, floor = found["figures"][("status", "ours")][0], found["figures"][("status", "floor")][0]
                 print(f"pretrain status at {sources:,} sources ({found['assets']:,} assets): {ours:.2f} s; Dagster's "
                       f"floor {floor:.2f} s ({ours / floor:.2f}x)")
+            # The same command on one crawl of 1,000 dumps (5 partitioned assets, a line per dump each; listed in the
+            # recipe, nothing materialized: the partitions' states, not the data).
+            dumps = 10 if args.smoke else 1000
+            seconds = partitions_status(dumps, root / "partitions")
+            print(f"pretrain status at {dumps:,} dump partitions of one crawl: {seconds:.2f} s")
         print(f"ratio: {ratio:.2f}")
 
 
