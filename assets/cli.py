@@ -188,7 +188,7 @@ class Factory:
         self.keys = sorted((k for k in self.defs.resolve_all_asset_keys() if graph.get(k).is_materializable),
                            key=lambda k: k.to_user_string())
         # The assets partitioned by a crawl's dumps: status shows each dump, --stale runs only the dumps not fresh.
-        from assets.curation.dumps import dumps_partitions
+        from assets.dumps import dumps_partitions
 
         dumps = {dumps_partitions(s) for s in self.recipe.sources if s.has_dumps}
         self.dump_keys = {k for k in self.keys if graph.get(k).partitions_def in dumps} if dumps else set()
@@ -199,7 +199,7 @@ class Factory:
         in the UI (assets/curation/raw_crawl.py)."""
         from dagster import Failure
 
-        from assets.curation.dumps import sync_dumps
+        from assets.dumps import sync_dumps
         from assets.curation.raw_crawl import observe_inputs
 
         try:

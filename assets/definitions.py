@@ -15,7 +15,7 @@ from dagster import AssetSelection, DefaultScheduleStatus, Definitions, Schedule
 
 from assets.curation import curation_assets
 from assets.curation.decontaminated import decontaminated_key
-from assets.curation.dumps import dump_sensors
+from assets.dumps import dump_sensors
 from assets.curation.raw_crawl import inputs_key
 from assets.evaluation import evaluation_assets
 from assets.home import pretrain_home, store_url

@@ -68,7 +68,7 @@ class SourceConfig(BaseModel):
     reader: ReaderConfig = ReaderConfig()
     filter: FilterConfig = FilterConfig()
     # A crawl of many dumps: `{dump}` in its inputs stands for one folder name (crawl/{dump}/*.warc.gz). Each dump
-    # is a partition of the source's assets (assets/curation/dumps.py). The dumps are these, or, left out, every
+    # is a partition of the source's assets (assets/dumps.py). The dumps are these, or, left out, every
     # folder found where `{dump}` stands (found by the dump sensor and by `pretrain status` and `materialize`).
     dumps: list[str] | None = Field(None, description="The source's dumps, in order; needs {dump} in its inputs")
 

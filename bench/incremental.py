@@ -133,6 +133,16 @@ def dedup(sources, earlier: list[IndexPart], config: DedupConfig, work: Path, wo
     return time.perf_counter() - start, sum(stats.kept.values())
 
 
+def _sibling(name: str):
+    """bench/<name>.py as a module, loaded by its path (bench/ is scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", _HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def partitions_status(dumps: int, work: Path) -> float:
     """Seconds of `pretrain status` (the second of two runs: the first adds the partitions) on a recipe of one crawl of
     `dumps` dumps, in a fresh home."""
@@ -207,8 +217,7 @@ def main() -> None:
         # --- Figure 2: `pretrain status` at 100 and 1,000 sources beside Dagster's floor (bench/orchestration.py's
         # generated recipes and floor, one round each) -------------------------------------------------------------
         if args.status_sizes:
-            sys.path.insert(0, str(_HERE))
-            import orchestration
+            orchestration = _sibling("orchestration")
 
             sizes = [orchestration.SMOKE_SOURCES] if args.smoke else [int(n) for n in args.status_sizes.split(",")]
             for sources in sizes:

@@ -7,7 +7,6 @@
     curation/<source>/filtered        filtered.py         the source's filter steps
     curation/deduplicated             deduplicated.py     across all sources (those without dumps)
     curation/<source>/deduplicated    deduplicated.py     a crawl's dump against all kept before it
-    (dump partitions, their sensor)   dumps.py            a crawl of dumps: {dump} in a source's inputs
     curation/<source>/decontaminated  decontaminated.py   benchmark n-grams removed
     curation/<source>/ablation        ablation.py         proxy runs on its raw and curated text (the `ablation` section)
     (asset checks)                    checks.py           documents_valid, no_benchmark_ngrams

@@ -21,7 +21,7 @@ from assets.core.upstream import Output
 from assets.core.versioning import file_fingerprints, section_sha256
 from assets.curation.checks import benchmark_check, benchmark_check_spec, documents_check, documents_check_spec
 from assets.curation.deduplicated import deduplicated_key, dump_deduplicated_key
-from assets.curation.dumps import dump_partitioned
+from assets.dumps import dump_partitioned
 from assets.plots import bar_chart
 from assets.recipe import Recipe, SourceConfig
 from pipelines.decontam.index import INDEX_FORMAT, BenchmarkIndex, DecontamConfig

@@ -24,7 +24,7 @@ from assets.core.factory import IN_ORDER, Inputs, OutputSpec, output_asset
 from assets.core.upstream import Output, partition_outputs
 from assets.curation.checks import documents_check, documents_check_spec
 from assets.plots import bar_chart, count_table, histogram
-from assets.curation.dumps import dump_partitioned, dumps_partitions
+from assets.dumps import dump_partitioned, dumps_partitions
 from assets.recipe import Recipe, SourceConfig
 from pipelines.dedup.sequential import IndexPart, deduplicate_sequential
 from pipelines.dedup.stage import deduplicate

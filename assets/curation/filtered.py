@@ -19,7 +19,7 @@ from dagster import AssetKey, MetadataValue
 
 from assets.core.factory import Inputs, OutputSpec, output_asset
 from assets.core.upstream import Output
-from assets.curation.dumps import dump_partitioned
+from assets.dumps import dump_partitioned
 from assets.curation.checks import documents_check, documents_check_spec, language_counts
 from assets.curation.quality_classifier import CLASSIFIER_KEY, MODEL_FILE
 from assets.curation.raw_crawl import raw_crawl_key

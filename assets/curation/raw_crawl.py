@@ -22,7 +22,7 @@ from dagster import AssetKey, DataVersion, Failure, MetadataValue, observable_so
 from assets.core.factory import Inputs, OutputSpec, output_asset
 from assets.core.upstream import Output
 from assets.core.versioning import file_fingerprints
-from assets.curation.dumps import dump_partitioned
+from assets.dumps import dump_partitioned
 from assets.plots import bar_chart, count_table
 from assets.recipe import Recipe, SourceConfig
 from pipelines.ingest.step import BadInputError, check_bad_fraction, ingest_pipeline, ingest_stats
@@ -145,7 +145,7 @@ def raw_crawl_asset(recipe: Recipe, source: SourceConfig):
             f"`sources[{source.name}]` inputs, format and reader settings."
         ),
         # Observed, so new or replaced input files show as stale; a crawl of dumps is one partition per dump folder
-        # instead (assets/curation/dumps.py), each keyed on its own files' fingerprints.
+        # instead (assets/dumps.py), each keyed on its own files' fingerprints.
         deps=[] if source.has_dumps else [inputs_key(source.name)],
         prepare=prepare, build=build, metadata=metadata,
         resources=frozenset({"executor"}),

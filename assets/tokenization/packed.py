@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 from assets.core.factory import Inputs, OutputSpec, output_asset
 from assets.core.upstream import Output, OutputNotFound, latest_output, partition_outputs
 from assets.plots import bar_chart
-from assets.curation.dumps import dump_partitioned, dumps_partitions
+from assets.dumps import dump_partitioned, dumps_partitions
 from assets.recipe import Recipe, SourceConfig
 from assets.tokenization.tokenizer import TOKENIZER_FILE, tokenizer_key
 from pipelines.tokenization.pack import PackIndex, PackShards, shard_name, split_counts

@@ -2,7 +2,7 @@
 the tokenizer.json the recipe names (`tokenizer.path`), with EOS and PAD. Output: tokenizer.json; the manifest
 records its sha256, the special tokens and their ids.
 
-A crawl of dumps (assets/curation/dumps.py) is sampled in its first dump. The sample is drawn by the executor resource's tasks, each streaming its share of the sources' committed parts
+A crawl of dumps (assets/dumps.py) is sampled in its first dump. The sample is drawn by the executor resource's tasks, each streaming its share of the sources' committed parts
 from the store and keeping each part's bottom sample (pipelines/tokenization/pack.py SampleShards); the parts' samples are
 merged into the sample one pass over each whole source would draw (bounded by `sample_bytes`), so neither the
 task count nor the parts' split changes the tokenizer.
@@ -26,7 +26,7 @@ from dagster import AssetKey
 from assets.core.factory import Inputs, OutputSpec, output_asset
 from assets.core.lineage import SEARCH_LIMIT
 from assets.core.upstream import Output, OutputNotFound, latest_output
-from assets.curation.dumps import dumps_partitions
+from assets.dumps import dumps_partitions
 from assets.core.versioning import file_fingerprints
 from assets.recipe import Recipe
 from pipelines.tokenization.pack import SampleShards, merged_sample

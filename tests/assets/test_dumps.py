@@ -1,4 +1,4 @@
-"""A crawl that grows dump by dump (assets/curation/dumps.py): real documents split into four dumps, three
+"""A crawl that grows dump by dump (assets/dumps.py): real documents split into four dumps, three
 materialized, then the fourth added. Only the fourth dump's partitions run, the kept documents equal one sequential
 run over all four, the earlier dumps' outputs keep their data versions; a filter change makes stale the crawl's
 partitions and what is downstream of them, nothing of the other source; a new dump folder on S3 becomes a partition
@@ -18,7 +18,7 @@ from dagster import AssetKey, DagsterInstance, build_sensor_context
 from assets.cli import main
 from tests.assets.test_cli import status_rows
 
-DATA = Path(__file__).resolve().parents[4] / "shared" / "data"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 DUMPS = ["2024-10", "2024-18", "2024-22", "2024-26"]
 CRAWL_ASSETS = ["curation/crawl/raw_crawl", "curation/crawl/filtered", "curation/crawl/deduplicated",
                 "curation/crawl/decontaminated", "tokenization/crawl/packed"]
@@ -198,7 +198,7 @@ def test_the_dump_sensor_adds_a_new_s3_dump_folder_on_its_next_tick(tmp_path, s3
     """The crawl is on the moto S3 server: a new dump folder under its prefix is a new partition on the next tick;
     a tick with nothing new adds nothing."""
     from assets.cli import open_instance
-    from assets.curation.dumps import dump_sensors, dumps_partitions
+    from assets.dumps import dump_sensors, dumps_partitions
     from assets.recipe import load_recipe
 
     bucket, client = s3.bucket, s3.client()
