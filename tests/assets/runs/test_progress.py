@@ -94,7 +94,9 @@ def session_runs(instance, log_line: str) -> tuple[str, list]:
 @pytest.mark.slow  # ~20 s (and the curated home, once a session): two packed outputs reused, a tiny training stage
 def test_on_a_terminal_a_line_per_asset_a_live_line_and_the_rest_in_the_log_file(tmp_path, monkeypatch, curated_home):
     recipe = tmp_path / "recipe.yaml"
-    write_recipe(recipe)
+    # 40 steps: with 6 (the training tests' size) the steps took under one redraw (POLL_S) on a busy machine, after the
+    # trainer's start-up, and the live line never showed one (one full-suite run in three).
+    write_recipe(recipe, main_steps=40)
     monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
