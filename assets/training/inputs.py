@@ -77,20 +77,19 @@ def training_inputs(context: AssetExecutionContext, store: ObjectStore, scratch:
              else [latest_output(context.instance, store, packed_key(name))] for name in sources}
     tokenizer = latest_output(context.instance, store, tokenizer_key())
     cache = Path(scratch.root) / "packed-cache"
-    folders = {name: dumps_folder(store, outs, cache) for name, outs in parts.items()}
     outputs = {name: outs[0] if len(outs) == 1 else
                Output(packed_key(name), prefix="", manifest=combined_manifest(outs)) for name, outs in parts.items()}
+    folders = {name: dumps_folder(store, outs, outputs[name].manifest, cache) for name, outs in parts.items()}
     roots = [out for outs in parts.values() for out in outs]  # a crawl's lineage names each of its dumps
     return TrainingInputs(folders=folders, outputs=outputs, tokenizer=tokenizer, parts=parts,
                           lineage=lineage(context.instance, store, [*roots, tokenizer]))
 
 
-def dumps_folder(store: ObjectStore, outputs: list[Output], cache_root: Path) -> Path:
+def dumps_folder(store: ObjectStore, outputs: list[Output], manifest: dict, cache_root: Path) -> Path:
     """A local folder of packed shards: the output's own, or for a crawl's dumps a folder of links, one per dump's
-    folder, with their combined manifest (assets/tokenization/packed.py): no token is copied."""
+    folder, with their combined `manifest` (assets/tokenization/packed.py's combined_manifest): no token is copied."""
     if len(outputs) == 1:
         return local_folder(store, outputs[0], cache_root)
-    manifest = combined_manifest(outputs)
     folder = cache_root / "dumps" / manifest["data_version"]
     if (folder / MANIFEST).exists():
         return folder
