@@ -38,6 +38,7 @@ import os
 import sys
 import time
 
+from assets.core.startup import built_to_keep
 from assets.home import ensure_dagster_home
 
 
@@ -56,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
             args.report = stack.enter_context(materialize_output(verbose=args.verbose))
             _start_local_helpers(args)
         # Imported here, not at the top: it loads Dagster (~1 s), which the helpers above need not wait for.
-        from assets.recipe import RecipeError
+        with built_to_keep():  # modules live as long as the process (assets/core/startup.py)
+            from assets.recipe import RecipeError
 
         try:
             return args.command(args)
@@ -173,6 +175,11 @@ class Factory:
     tell the user (runs found dead, new input files) goes to `say`: `pretrain materialize`'s terminal."""
 
     def __init__(self, recipe_arg: str | None, say=say):
+        # All of it lives as long as the command: built with the collector paused (assets/core/startup.py).
+        with built_to_keep():
+            self._build(recipe_arg, say)
+
+    def _build(self, recipe_arg: str | None, say) -> None:
         from assets.recipe import load_recipe
 
         self.say = say

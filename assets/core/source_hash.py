@@ -31,12 +31,21 @@ Which engine modules a module pulls in is still found from the real import names
 
 Source text, never bytecode: the same files give the same digest on every machine and Python version. Line
 endings are normalized; the path a module was read from is no part of it.
+
+What parsing finds (a module's normalized text and imports, a module's definitions) is kept on disk under
+$PRETRAIN_CODE_CACHE (default $XDG_CACHE_HOME/pretrain/source-hash, else ~/.cache/pretrain/source-hash), a file
+per content: the sha256 of this module's own text, the module's name and the file's text. An edited file, or an
+edit of this module, is parsed again; nothing is ever stale. It saves every process that builds the definitions
+(`pretrain status`, the UI's load of the code location) parsing about 80 modules: 0.4 s of 3.1 at 100 sources.
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
+import json
+import os
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 
@@ -45,6 +54,7 @@ ENGINE_PACKAGES = ("pipelines", "trainer")  # what computes outputs; storage/ an
 # The project's own packages: their import statements are hashed without the module path (see above).
 PROJECT_PACKAGES = ("assets", "pipelines", "resources", "storage", "trainer")
 PROJECT = "<project>"  # what a normalized import names instead of the module
+CACHE_ENV = "PRETRAIN_CODE_CACHE"
 
 
 class CodeRefError(ValueError):
@@ -89,7 +99,7 @@ def code_parts(refs, root: Path = ROOT) -> dict[str, str]:
         for name in sorted(names):
             if name not in segments:
                 raise CodeRefError(f"code reference {module}:{name}: {module} has no top-level {name!r}")
-            parts[f"{module}:{name}"] = normalize_imports(segments[name])
+            parts[f"{module}:{name}"] = segments[name]
     return parts
 
 
@@ -108,8 +118,14 @@ def _parsed_module(module: str, root: Path, path: Path, mtime_ns: int, size: int
     # trainer package for each training stage), and parsing each module for every one took 3.2 s of every load of
     # the code location. Keyed by the file's mtime and size, so an edited file is read again.
     text = _text(path)
-    tree = ast.parse(text)  # a module that does not parse raises, naming its line
-    return _normalized(text, tree), tuple(_followed_imports(module, tree, root))
+    parsed = _cached("module", module, text)
+    if parsed is None:
+        tree = ast.parse(text)  # a module that does not parse raises, naming its line
+        parsed = {"text": _normalized(text, tree), "imports": _imported_names(module, tree)}
+        _keep("module", module, text, parsed)
+    # Which imported names are modules under root is asked each time: a module added beside it changes it.
+    followed = tuple(name for name in parsed["imports"] if _path(name, root) is not None)
+    return parsed["text"], followed
 
 
 def normalize_imports(text: str) -> str:
@@ -178,8 +194,9 @@ def _text(path: Path) -> str:
     return path.read_text(encoding="utf-8").replace("\r\n", "\n")
 
 
-def _followed_imports(module: str, tree: ast.AST, root: Path) -> list[str]:
-    """The engine modules `module` imports (as module names that exist under root), from its parsed text."""
+def _imported_names(module: str, tree: ast.AST) -> list[str]:
+    """The names of engine modules `module` may import (ENGINE_PACKAGES), from its parsed text: the caller keeps
+    those that are modules under its root."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -193,10 +210,7 @@ def _followed_imports(module: str, tree: ast.AST, root: Path) -> list[str]:
             names = [base] + [f"{base}.{alias.name}" for alias in node.names]
         else:
             continue
-        for name in names:
-            top = name.split(".")[0]
-            if top in ENGINE_PACKAGES and _path(name, root) is not None:
-                found.append(name)
+        found.extend(name for name in names if name.split(".")[0] in ENGINE_PACKAGES)
     return found
 
 
@@ -212,7 +226,55 @@ def _module_definitions(module: str, root: Path) -> dict[str, str]:
 def _parsed_definitions(module: str, path: Path, mtime_ns: int, size: int) -> dict[str, str]:
     # Once per file and content, as _parsed_module: each source's filtered asset names the filter steps its recipe
     # uses, and parsing pipelines/filters/steps.py again for every other set of names took 1.5 s of every load.
-    return _definitions(module, _text(path))
+    # Kept normalized: every asset that names a definition hashes that text.
+    text = _text(path)
+    segments = _cached("definitions", module, text)
+    if segments is None:
+        segments = {name: normalize_imports(segment) for name, segment in _definitions(module, text).items()}
+        _keep("definitions", module, text, segments)
+    return segments
+
+
+def _cache_folder() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(os.environ.get(CACHE_ENV) or Path(base) / "pretrain" / "source-hash")
+
+
+@lru_cache(maxsize=None)
+def _own_sha256() -> str:
+    # In every key: an edit of how texts are normalized or imports followed makes every kept parse unused.
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+
+
+def _cache_file(kind: str, module: str, text: str) -> Path:
+    key = hashlib.sha256("\0".join((_own_sha256(), kind, module, text)).encode()).hexdigest()
+    return _cache_folder() / f"{key}.json"
+
+
+def _cached(kind: str, module: str, text: str):
+    """What parsing `module`'s `text` found, kept by an earlier process; None when it was not kept (or cannot be
+    read: it is then parsed again)."""
+    try:
+        return json.loads(_cache_file(kind, module, text).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _keep(kind: str, module: str, text: str, parsed) -> None:
+    """Keep `parsed` for the next process, written whole (a temporary file renamed) so that a concurrent reader
+    sees all or nothing. A folder that cannot be written (a read-only home) only costs the next process a parse."""
+    target = _cache_file(kind, module, text)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=target.parent, suffix=".tmp")
+    except OSError:
+        return
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            json.dump(parsed, out)
+        os.replace(temporary, target)
+    except OSError:
+        Path(temporary).unlink(missing_ok=True)
 
 
 def _definitions(module: str, text: str) -> dict[str, str]:

@@ -2,9 +2,16 @@
 digest moves with exactly that text, never with where it lives (module names, the module paths of the project's
 import lines): a pure move of a module leaves the digest as it was."""
 
+import ast
+import json
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
-from assets.core.source_hash import CodeRefError, code_digest, code_parts
+from assets.core import source_hash
+from assets.core.source_hash import CACHE_ENV, ROOT, CodeRefError, code_digest, code_parts
 
 
 def write_tree(root, files: dict[str, str]):
@@ -135,3 +142,84 @@ def test_a_reference_to_nothing_names_what_is_missing(tmp_path):
         code_parts(["pipelines.nothing"], tmp_path)
     with pytest.raises(CodeRefError, match="pipelines.steps has no top-level 'gone'"):
         code_parts(["pipelines.steps:gone"], tmp_path)
+
+
+def _new_process():
+    """What a new process starts with: none of the parses this one holds."""
+    for cached in (source_hash._parsed_module, source_hash._parsed_definitions, source_hash._digest):
+        cached.cache_clear()
+
+
+def test_a_parse_is_kept_on_disk_for_the_next_process_and_an_edit_is_parsed_again(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    write_tree(tmp_path / "src", TREE)
+    refs = ["assets.thing", "trainer.a:A"]
+    _new_process()
+    first = code_parts(refs, tmp_path / "src")
+    # A file per module parsed (assets.thing, pipelines.steps, pipelines.helpers) and per module of definitions.
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 4
+    assert not list((tmp_path / "cache").glob("*.tmp"))
+
+    def no_parse(*args, **kwargs):
+        raise AssertionError("parsed again")
+
+    _new_process()
+    with monkeypatch.context() as patched:
+        patched.setattr(ast, "parse", no_parse)
+        assert code_parts(refs, tmp_path / "src") == first
+    # The imports followed are asked of the tree each time: the same texts where pipelines.helpers is no module
+    # take in less.
+    write_tree(tmp_path / "bare", {k: v for k, v in TREE.items() if k != "pipelines/helpers.py"})
+    _new_process()
+    assert "pipelines.helpers" not in code_parts(refs, tmp_path / "bare")
+    # An edit is a new text: parsed, and its digest moves.
+    (tmp_path / "src" / "pipelines" / "helpers.py").write_text("def helper():\n    return 2\n")
+    _new_process()
+    assert code_parts(refs, tmp_path / "src")["pipelines.helpers"] == "def helper():\n    return 2\n"
+
+
+def test_a_kept_parse_that_cannot_be_read_or_kept_costs_only_a_parse(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    write_tree(tmp_path / "src", TREE)
+    _new_process()
+    digest = code_digest(["assets.thing"], tmp_path / "src")
+    for kept in (tmp_path / "cache").glob("*.json"):
+        kept.write_text('{"text": "cut sho')  # a file cut short
+    _new_process()
+    assert code_digest(["assets.thing"], tmp_path / "src") == digest
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "a-file" / "cache"))  # a folder that cannot be made
+    _new_process()
+    assert code_digest(["assets.thing"], tmp_path / "src") == digest
+
+
+def test_what_is_built_to_keep_is_built_with_the_collector_paused_then_frozen():
+    # In a process of its own: freezing is for the life of a process, and this one is pytest's.
+    probe = textwrap.dedent("""
+        import gc, json, weakref
+        from assets.core.startup import built_to_keep
+
+        class Node:
+            pass
+
+        gc.disable()  # so that only the block collects it
+        node = Node()
+        node.self = node
+        before_block = weakref.ref(node)
+        del node  # garbage from before the block: collected, not frozen
+        gc.enable()
+        seen = {"before": gc.get_freeze_count()}
+        with built_to_keep():
+            seen["paused"] = not gc.isenabled()
+            with built_to_keep():  # nested: the outermost block resumes collection
+                kept = [[] for _ in range(1000)]
+            seen["paused_after_nested"] = not gc.isenabled()
+        seen["enabled"] = gc.isenabled()
+        seen["collected"] = before_block() is None
+        seen["frozen"] = gc.get_freeze_count() - seen["before"]
+        print(json.dumps(seen))
+    """)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
+    seen = json.loads(done.stdout)
+    assert seen["paused"] and seen["paused_after_nested"] and seen["enabled"] and seen["collected"]
+    assert seen["frozen"] >= 1000  # the block's lists, at least
