@@ -96,7 +96,8 @@ def _parser() -> argparse.ArgumentParser:
 
     for name, func, help_ in (("where", _where, "an asset's current output URI, then its manifest"), ("docs", _docs, "stream an asset's documents as JSONL")):
         cmd = add(name, func, help_)
-        cmd.add_argument("asset", help="asset key path, or a stage name with --source")
+        cmd.add_argument("asset", help="asset key path, or a stage name with --source; a crawl's asset takes a dump "
+                                       "as status prints it (curation/crawl/filtered[2024-10]), else every dump")
         cmd.add_argument("--source", help="source name, when ASSET is a stage name")
         if name == "docs":
             cmd.add_argument("--limit", type=int, default=None, help="stop after N documents")
@@ -305,15 +306,46 @@ class Factory:
             raise UsageError(f"no asset {asset!r}{f' for source {source!r}' if source else ''}; assets are: {', '.join(k.to_user_string() for k in self.keys)}")
         return candidates[0]
 
-    def current_output(self, key):
-        """The asset's latest committed output in this instance and its store."""
-        from assets.core.upstream import OutputNotFound, latest_output
+    def current_outputs(self, asset: str, source: str | None) -> tuple:
+        """(store, [(dump or None, the latest committed output)]) of ASSET as `where` and `docs` name it: one output,
+        or for an asset of a crawl of dumps, the dump named in brackets (`curation/crawl/filtered[2024-10]`) or
+        else every dump built, in order."""
+        from assets.core.records import partition_materializations
+        from assets.core.upstream import OutputNotFound, latest_output, output_at
 
+        name, bracket, dump = asset.partition("[")
+        dump = dump.removesuffix("]") if bracket else None
+        key = self.resolve(name, source)
         store = self.defs.resources["store"].open()
-        try:
-            return store, latest_output(self.instance, store, key)
-        except OutputNotFound as exc:
-            raise UsageError(str(exc)) from None
+        if dump is None and key not in self.dump_keys:
+            try:
+                return store, [(None, latest_output(self.instance, store, key))]
+            except OutputNotFound as exc:
+                raise UsageError(str(exc)) from None
+        if key not in self.dump_keys:
+            raise UsageError(f"{key.to_user_string()} is not partitioned by dump: name it without [{dump}]")
+        dumps = sorted(self.instance.get_dynamic_partitions(
+            self.defs.resolve_asset_graph().get(key).partitions_def.name))
+        if dump is not None and dump not in dumps:
+            raise UsageError(f"{key.to_user_string()} has no dump {dump!r}; its dumps are: {', '.join(dumps) or 'none yet'}")
+        records = partition_materializations(self.instance, key)
+        outputs = []
+        for each in [dump] if dump is not None else dumps:
+            record = records.get(each)
+            if record is None or "prefix" not in record.asset_materialization.metadata:
+                if dump is not None:
+                    raise UsageError(f"{key.to_user_string()}[{each}] has never been materialized: run `pretrain "
+                                     f"materialize --stale --select {key.to_user_string()}`")
+                continue  # every dump: those built
+            try:
+                outputs.append((each, output_at(store, key, record.asset_materialization.metadata["prefix"].value,
+                                                each)))
+            except OutputNotFound as exc:  # its folder removed from the store
+                raise UsageError(str(exc)) from None
+        if not outputs:
+            raise UsageError(f"no dump of {key.to_user_string()} has been materialized: run `pretrain materialize "
+                             f"--stale --select {key.to_user_string()}`")
+        return store, outputs
 
 
 def _start_local_helpers(args) -> None:
@@ -450,19 +482,25 @@ def _jobs(args) -> int:
 
 def _where(args) -> int:
     factory = Factory(args.recipe)
-    store, output = factory.current_output(factory.resolve(args.asset, args.source))
-    print(store.uri(output.prefix))
-    print(json.dumps(output.manifest, indent=2))
+    store, outputs = factory.current_outputs(args.asset, args.source)
+    if len(outputs) == 1:
+        print(store.uri(outputs[0][1].prefix))
+        print(json.dumps(outputs[0][1].manifest, indent=2))
+        return 0
+    # A crawl's asset, every dump: a line each; `where ASSET[DUMP]` prints one with its manifest.
+    for dump, output in outputs:
+        print(f"{dump}  {store.uri(output.prefix)}")
     return 0
 
 
 def _docs(args) -> int:
     factory = Factory(args.recipe)
-    store, output = factory.current_output(factory.resolve(args.asset, args.source))
+    store, outputs = factory.current_outputs(args.asset, args.source)
     remaining = args.limit
     out = sys.stdout
-    for key in output.files():
-        if not key.endswith(".jsonl.gz"):
+    for key in (key for _, output in outputs for key in output.files("")):  # a crawl's dumps in order
+        # The kept documents' parts: part-* at the top, or under each source's folder (the deduplicated asset's).
+        if not (key.endswith(".jsonl.gz") and key.rsplit("/", 1)[-1].startswith("part-")):
             continue
         with contextlib.closing(store.open_read(key)) as raw, gzip.open(raw) as lines:
             for line in io.TextIOWrapper(lines, encoding="utf-8"):
@@ -674,7 +712,7 @@ def _scaling_fit(args) -> tuple:
             return None, "", f"recipe {recipe.name!r} has no scaling section; give --fit PATH_OR_URI"
         factory = Factory(args.recipe)
         try:
-            store, output = factory.current_output(fit_key())
+            store, [(_, output)] = factory.current_outputs(fit_key().to_user_string(), None)
         except UsageError as exc:  # never materialized
             return None, "", str(exc)
         source = store.uri(f"{output.prefix}/{FIT_FILE}")

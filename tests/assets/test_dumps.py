@@ -171,6 +171,27 @@ def test_a_new_dump_builds_only_its_partitions_and_keeps_what_was_kept(crawl, mo
                f"{DUMPS[2]}-near-{DUMPS[1]}"}
     assert not planted & expected, planted & expected  # every planted duplicate went
 
+    # `where` and `docs` name a dump as status prints it, or take every dump, in order.
+    key = "curation/crawl/deduplicated"
+    assert main(["where", key]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == DUMPS
+    assert all(f"/{key}/{dump}/" in line for dump, line in zip(DUMPS, lines)), lines
+    assert main(["where", f"{key}[{DUMPS[3]}]"]) == 0
+    uri, manifest = capsys.readouterr().out.split("\n", 1)
+    assert f"/{key}/{DUMPS[3]}/" in uri and json.loads(manifest)["files"]
+    crawl_ids = {doc_id for doc_id in expected if not doc_id.startswith("news")}
+    assert main(["docs", key]) == 0
+    streamed = [json.loads(line)["id"] for line in capsys.readouterr().out.splitlines()]
+    assert sorted(streamed) == sorted(crawl_ids)  # the kept documents (part-*), not the removed ones
+    assert main(["docs", f"{key}[{DUMPS[1]}]"]) == 0
+    one = {json.loads(line)["id"] for line in capsys.readouterr().out.splitlines()}
+    assert one and one < crawl_ids and all(doc_id.startswith(DUMPS[1]) for doc_id in one), one
+    assert main(["docs", f"{key}[1999-01]"]) == 2
+    assert f"has no dump '1999-01'; its dumps are: {', '.join(DUMPS)}" in capsys.readouterr().err
+    assert main(["where", "curation/news/filtered[2024-10]"]) == 2
+    assert "is not partitioned by dump" in capsys.readouterr().err
+
 
 @pytest.mark.slow
 def test_a_filter_change_on_the_crawl_makes_its_partitions_stale_and_nothing_else(crawl, monkeypatch, capsys):
