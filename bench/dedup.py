@@ -13,11 +13,11 @@ Pairs at known Jaccard similarity are built from real text in ../shared/data, in
     English and Scots left out).
 Texts are cut into distinct 250-word passages (words: whitespace-separated). A text is left out when it has more
 than 1.5 normalized_words (the words dedup compares) per whitespace-separated word, i.e. when those are not its
-words: languages written without spaces between words (Chinese, Japanese, Thai, Lao, Khmer, Tibetan, Yi; Amharic
-separates them with U+1361), where a whitespace-separated "word" is a phrase, and scripts whose vowel signs are
-combining marks, which `\w` does not match, so normalized_words cuts their words into letters (Devanagari,
-Bengali, Tamil, Malayalam, Myanmar, Thaana, pointed Hebrew, ...): 30 UDHR translations. Deduplicating those needs
-other words (or character shingles), a question apart from the banding measured here.
+words: languages written without spaces between words (Chinese, Japanese, Tibetan, Dzongkha, Yi; Amharic separates
+them with U+1361), where a whitespace-separated "word" is a phrase: 9 UDHR translations. Deduplicating those needs
+other words (or character shingles), a question apart from the banding measured here. Scripts whose vowel signs are
+combining marks (Devanagari, Bengali, Tamil, Thai, pointed Hebrew, ...) are in: normalized_words keeps a mark in its
+word (before, `re`'s \w cut their words into letters, and 30 translations were left out).
 Each passage is paired with a copy whose words are replaced (by words that occur nowhere else) until the exact
 Jaccard of the two 5-word-shingle sets hits a target level. Every passage and copy goes through both systems in
 one corpus:

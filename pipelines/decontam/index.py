@@ -27,7 +27,6 @@ mostly of numbers are not indexed (`min_letter_words`): number runs are common t
 from __future__ import annotations
 
 import math
-import re
 import unicodedata
 import os
 from collections import Counter
@@ -39,11 +38,10 @@ import numpy as np
 import orjson
 
 from pipelines.decontam.items import benchmark_items, benchmark_name
-from pipelines.dedup.minhash import WordHasher, ngram_hashes, normalized_words
+from pipelines.dedup.minhash import WORD, WordHasher, ngram_hashes, normalized_words
 from pipelines.shards import GzipLines, iter_documents
 
 SHARD_COMPRESSLEVEL = 1  # as dedup's: intermediate data, speed over size (changing it changes every output byte)
-_WORD = re.compile(r"\w+")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -315,7 +313,7 @@ class Decontaminator:
             return [], set(), []  # the common case: no word positions needed
         # Character positions come from the text itself; NFKC can split or join words, and then the
         # words are normalized one by one so that they line up with the spans.
-        spans = [m.span() for m in _WORD.finditer(text)]
+        spans = [m.span() for m in WORD.finditer(text)]
         if len(spans) != len(words):
             words = [unicodedata.normalize("NFKC", text[a:b]).casefold() for a, b in spans]
             grams = ngram_hashes(self.hasher(words), n)

@@ -3,7 +3,8 @@
 The text -> signature primitives and the recipe's `dedup` settings live here; the stage that runs them over a
 corpus as datatrove pipelines is pipelines/dedup/stage.py (`deduplicate`), its steps pipelines/dedup/steps.py.
 
-  - words: NFKC, case-folded, punctuation dropped (`normalized_words`; decontamination compares the same way);
+  - words: NFKC, case-folded, punctuation dropped, combining marks kept in their word (`normalized_words`;
+    decontamination compares the same way);
   - exact: a 128-bit xxh3 of the normalized words joined by spaces: equal hashes are exact duplicates;
   - near: `ngram`-word shingles hashed to uint64 (vectorized), a MinHash signature of bands*rows uint32 values
     (`MinHasher`), one uint64 key per band of `rows` values: equal keys in a band make an LSH candidate pair;
@@ -21,16 +22,19 @@ corpus as datatrove pipelines is pipelines/dedup/stage.py (`deduplicate`), its s
 
 from __future__ import annotations
 
-import re
 import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
+import regex
 import xxhash
 
 DEDUP_RULES = ("transitive", "sequential")
 HASH_CHUNK = 4096  # shingles hashed at once: (112, 4096) uint64 = 3.7 MB, about cache-sized
-_WORD = re.compile(r"\w+")
+# A word: letters, digits and the combining marks that belong to them. The `regex` module's \w is Unicode's word
+# class, marks included; `re`'s leaves them out and cut words of Devanagari, Bengali, Thai, pointed Hebrew, ... into
+# letters ('हिन्दी' -> ['ह', 'न', 'द']), so that two texts of the same script shared most of their shingles.
+WORD = regex.compile(r"\w+")
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
@@ -92,7 +96,7 @@ class DedupConfig:
 
 def normalized_words(text: str) -> list[str]:
     """Words of the text as dedup and decontamination compare them: NFKC, case-folded, punctuation dropped."""
-    return _WORD.findall(unicodedata.normalize("NFKC", text).casefold())
+    return WORD.findall(unicodedata.normalize("NFKC", text).casefold())
 
 
 class WordHasher:
