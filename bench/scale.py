@@ -36,7 +36,9 @@ workers. Threads are pinned to 1 per process (OMP, Rayon, tokenizers), so 1 work
 Targets on 2 cores: 2 workers >= 1.7x 1 worker on every stage; peak RSS at 4x within 1.3x of 1x for every stage
 but the dedup cluster step, whose bytes per document are printed (the stage's own figure when its manifest has one,
 else the growth of dedup's peak RSS per added document). Last line `ratio: X.XX` = the smallest 2-worker
-speed-up of any stage at any scale. `--quick` (alias `--smoke`, what tests/test_bench.py runs) does the same on
+speed-up of any stage at any scale; beside it, the machine's own 2-process speed-up on bare Python and on
+memory-bound numpy work (on one 2-CPU VM: 1.94-2.12x and 1.36-1.54x), the ceiling for stages that hash and look up
+arrays. `--quick` (alias `--smoke`, what tests/test_bench.py runs) does the same on
 QUICK_PAGES pages per copy with a small tokenizer and two benchmarks, each home's five stages in one `pretrain
 materialize` call (each stage's seconds from its manifest or run as above; the peak RSS is the call's): it checks
 that the bench works, its figures mean nothing. Twenty calls took ~4.7 minutes there, nearly all of it each call's
@@ -382,7 +384,7 @@ def main() -> None:
                             best, again = again, best
                         best["rss"] = max(best["rss"], again["rss"])
                         results[scale, name, workers] = best
-        report(results, scales, args.tasks)
+        report(results, scales, args.tasks, machine_repeats=1 if args.quick else 3)
     finally:
         if args.keep:
             print(f"work folder kept: {work}", file=sys.stderr)
@@ -397,7 +399,45 @@ def show(scale: int, name: str, workers: int, r: dict) -> None:
           f"{extra}, load {os.getloadavg()[0]:.1f}", flush=True)
 
 
-def report(results: dict, scales: list[int], tasks: int) -> None:
+def _python_loop(_) -> int:
+    total = 0
+    for i in range(3_000_000):
+        total += i * i
+    return total
+
+
+def _array_passes(_) -> int:
+    import numpy as np
+
+    values = np.random.default_rng(0).integers(0, 1 << 60, size=2_000_000, dtype=np.uint64)  # 16 MB
+    for _ in range(20):
+        values = (values * np.uint64(0x9E3779B97F4A7C15)) ^ (values >> np.uint64(7))
+    return int(values[0])
+
+
+def machine_speedups(repeats: int = 3) -> tuple[float, float]:
+    """(pure Python, memory-bound numpy) speed-up of 2 processes over 1 on 4 equal tasks, best of `repeats` each
+    way: the ceiling this machine puts on a stage's 2-worker speed-up (a VM's two CPUs may share a core's caches
+    or a socket's memory bandwidth)."""
+    import multiprocessing
+
+    speedups = []
+    for work in (_python_loop, _array_passes):
+        one = two = float("inf")
+        with multiprocessing.get_context("fork").Pool(2) as pool:
+            pool.map(work, range(2), chunksize=1)  # the pool started and warm
+            for _ in range(repeats):
+                start = time.perf_counter()
+                [work(i) for i in range(4)]
+                one = min(one, time.perf_counter() - start)
+                start = time.perf_counter()
+                pool.map(work, range(4), chunksize=1)
+                two = min(two, time.perf_counter() - start)
+        speedups.append(one / two)
+    return speedups[0], speedups[1]
+
+
+def report(results: dict, scales: list[int], tasks: int, machine_repeats: int = 3) -> None:
     measured = [name for name, _ in STAGES]
     print(f"\nper stage, {tasks} tasks on both sides: documents/s with 1 and 2 workers, "
           "peak RSS of the largest process")
@@ -424,9 +464,13 @@ def report(results: dict, scales: list[int], tasks: int) -> None:
         marginal = (dedup[1]["rss"] - dedup[0]["rss"]) / added if added > 0 else float("nan")
         print(f"dedup cluster step: {reported if reported is not None else 'no figure in the manifest'} bytes/document "
               f"(stage's own); peak RSS growth {marginal:.0f} bytes per added document (1 worker, {low}x -> {high}x)")
-    # Two workers can only be 2x faster on two free cores: the load says how free they were.
+    # Two workers can only be 2x faster on two free cores: the load says how free they were, and the machine's own
+    # speed-up on two kinds of bare work says what two processes can gain there at all.
     print(f"machine: {os.cpu_count()} CPUs, load average {' / '.join(f'{x:.1f}' for x in os.getloadavg())} "
           "(1, 5, 15 min) at the end")
+    python, arrays = machine_speedups(machine_repeats)
+    print(f"machine's own 2-process speed-up, 4 equal tasks: {python:.2f}x on a pure Python loop, {arrays:.2f}x on "
+          "numpy passes over 16 MB arrays (memory-bound, as hashing n-grams and looking them up are)")
     print(f"ratio: {min(speedups):.2f}")
 
 
