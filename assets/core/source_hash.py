@@ -256,18 +256,18 @@ def _cached(kind: str, module: str, text: str):
     read: it is then parsed again)."""
     try:
         return json.loads(_cache_file(kind, module, text).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RuntimeError):  # RuntimeError: no home folder to put the cache in
         return None
 
 
 def _keep(kind: str, module: str, text: str, parsed) -> None:
     """Keep `parsed` for the next process, written whole (a temporary file renamed) so that a concurrent reader
     sees all or nothing. A folder that cannot be written (a read-only home) only costs the next process a parse."""
-    target = _cache_file(kind, module, text)
     try:
+        target = _cache_file(kind, module, text)
         target.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=target.parent, suffix=".tmp")
-    except OSError:
+    except (OSError, RuntimeError):
         return
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as out:
