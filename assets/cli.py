@@ -38,7 +38,7 @@ import os
 import sys
 import time
 
-from assets.core.startup import built_to_keep
+from assets.core.startup import built_to_keep, own_process
 from assets.home import ensure_dagster_home
 
 
@@ -47,6 +47,8 @@ class UsageError(ValueError):
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the command line of this process, which ends with the command (assets/core/startup.py)
+        own_process()
     parser = _parser()
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as stack:
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             args.report = stack.enter_context(materialize_output(verbose=args.verbose))
             _start_local_helpers(args)
         # Imported here, not at the top: it loads Dagster (~1 s), which the helpers above need not wait for.
-        with built_to_keep():  # modules live as long as the process (assets/core/startup.py)
+        with built_to_keep(only_in_own_process=True):  # they live as long as the process (core/startup.py)
             from assets.recipe import RecipeError
 
         try:
@@ -177,7 +179,7 @@ class Factory:
 
     def __init__(self, recipe_arg: str | None, say=say):
         # All of it lives as long as the command: built with the collector paused (assets/core/startup.py).
-        with built_to_keep():
+        with built_to_keep(only_in_own_process=True):
             self._build(recipe_arg, say)
 
     def _build(self, recipe_arg: str | None, say) -> None:

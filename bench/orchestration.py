@@ -136,7 +136,9 @@ def child(kind: str, target: str) -> None:
             assert location.get_repositories(), "the code location has no repository"
     elif kind == "plan-ours":
         from assets.cli import Factory
+        from assets.core.startup import own_process
 
+        own_process()  # as `pretrain materialize`'s main does: the process is the command's
         factory = Factory(target)
         factory.stale_round(set(factory.select(None)))
     elif kind in ("status-floor", "plan-floor"):

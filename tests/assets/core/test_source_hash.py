@@ -197,7 +197,7 @@ def test_what_is_built_to_keep_is_built_with_the_collector_paused_then_frozen():
     # In a process of its own: freezing is for the life of a process, and this one is pytest's.
     probe = textwrap.dedent("""
         import gc, json, weakref
-        from assets.core.startup import built_to_keep
+        from assets.core.startup import built_to_keep, own_process
 
         class Node:
             pass
@@ -216,6 +216,14 @@ def test_what_is_built_to_keep_is_built_with_the_collector_paused_then_frozen():
             seen["paused_after_nested"] = not gc.isenabled()
         seen["enabled"] = gc.isenabled()
         seen["collected"] = before_block() is None
+        # A command's set-up pauses and freezes only in the command's own process, not in a caller's.
+        frozen = gc.get_freeze_count()
+        with built_to_keep(only_in_own_process=True):
+            seen["paused_in_a_caller"] = not gc.isenabled()
+        seen["frozen_in_a_caller"] = gc.get_freeze_count() - frozen
+        own_process()
+        with built_to_keep(only_in_own_process=True):
+            seen["paused_in_its_own"] = not gc.isenabled()
         seen["frozen"] = gc.get_freeze_count() - seen["before"]
         print(json.dumps(seen))
     """)
@@ -223,3 +231,4 @@ def test_what_is_built_to_keep_is_built_with_the_collector_paused_then_frozen():
     seen = json.loads(done.stdout)
     assert seen["paused"] and seen["paused_after_nested"] and seen["enabled"] and seen["collected"]
     assert seen["frozen"] >= 1000  # the block's lists, at least
+    assert not seen["paused_in_a_caller"] and seen["frozen_in_a_caller"] == 0 and seen["paused_in_its_own"]
