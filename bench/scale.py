@@ -43,6 +43,9 @@ QUICK_PAGES pages per copy with a small tokenizer and two benchmarks, each home'
 materialize` call (each stage's seconds from its manifest or run as above; the peak RSS is the call's): it checks
 that the bench works, its figures mean nothing. Twenty calls took ~4.7 minutes there, nearly all of it each call's
 start (the code location, great-expectations for the checks, the executor's helper) on a few dozen pages.
+
+Long because the corpus it builds (copies made distinct without changing what the filters see), the runs through the
+real assets, their timing and memory polling, and the machine's own ceiling are one measurement, read in one file.
 """
 
 import argparse
