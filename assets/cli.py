@@ -330,20 +330,16 @@ class Factory:
             self.defs.resolve_asset_graph().get(key).partitions_def.name))
         if dump is not None and dump not in dumps:
             raise UsageError(f"{key.to_user_string()} has no dump {dump!r}; its dumps are: {', '.join(dumps) or 'none yet'}")
-        records = partition_materializations(self.instance, key)
-        outputs = []
-        for each in [dump] if dump is not None else dumps:
-            record = records.get(each)
-            if record is None or "prefix" not in record.asset_materialization.metadata:
-                if dump is not None:
-                    raise UsageError(f"{key.to_user_string()}[{each}] has never been materialized: run `pretrain "
-                                     f"materialize --stale --select {key.to_user_string()}`")
-                continue  # every dump: those built
-            try:
-                outputs.append((each, output_at(store, key, record.asset_materialization.metadata["prefix"].value,
-                                                each)))
-            except OutputNotFound as exc:  # its folder removed from the store
-                raise UsageError(str(exc)) from None
+        try:
+            if dump is not None:
+                return store, [(dump, latest_output(self.instance, store, key, dump))]
+            # Every dump built, in order: their newest materializations in two queries, not one per dump.
+            records = partition_materializations(self.instance, key)
+            outputs = [(each, output_at(store, key, records[each].asset_materialization.metadata["prefix"].value, each))
+                       for each in dumps
+                       if each in records and "prefix" in records[each].asset_materialization.metadata]
+        except OutputNotFound as exc:  # never materialized, or its folder removed from the store
+            raise UsageError(str(exc)) from None
         if not outputs:
             raise UsageError(f"no dump of {key.to_user_string()} has been materialized: run `pretrain materialize "
                              f"--stale --select {key.to_user_string()}`")
