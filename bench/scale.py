@@ -423,18 +423,21 @@ def machine_speedups(repeats: int = 3) -> tuple[float, float]:
     way: the ceiling this machine puts on a stage's 2-worker speed-up (a VM's two CPUs may share a core's caches
     or a socket's memory bandwidth)."""
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
     speedups = []
     for work in (_python_loop, _array_passes):
         one = two = float("inf")
-        with multiprocessing.get_context("fork").Pool(2) as pool:
-            pool.map(work, range(2), chunksize=1)  # the pool started and warm
+        # Spawned, not forked (this process has threads: a forked worker can start holding a lock and never run),
+        # and an executor, not a Pool: a worker that dies fails the map instead of leaving it waiting for ever.
+        with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+            list(pool.map(work, range(2)))  # the workers started and warm
             for _ in range(repeats):
                 start = time.perf_counter()
                 [work(i) for i in range(4)]
                 one = min(one, time.perf_counter() - start)
                 start = time.perf_counter()
-                pool.map(work, range(4), chunksize=1)
+                list(pool.map(work, range(4)))
                 two = min(two, time.perf_counter() - start)
         speedups.append(one / two)
     return speedups[0], speedups[1]
