@@ -149,9 +149,13 @@ class LocalRunner:
 
 
 def _run_task(executor, pipeline: list, rank: int, local_rank: int) -> None:
-    """One task: a fresh copy of the steps (their stats start at zero), datatrove's run for that rank."""
-    from copy import deepcopy
+    """One task: a fresh copy of the steps (their stats start at zero), datatrove's run for that rank. The task runs
+    on a copy of the executor: the caller's is still being pickled for the helpers by the pool's own thread while
+    this process runs its first task, and a pipeline set on it mid-run (a writer with an open gzip stream) did not
+    pickle (seen in the suite under load: "cannot pickle 'zlib.Compress' object")."""
+    from copy import copy, deepcopy
 
+    executor = copy(executor)
     executor.pipeline = deepcopy(pipeline)
     executor._run_for_rank(rank, local_rank)
 

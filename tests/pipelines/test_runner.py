@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from datatrove.pipeline.base import PipelineStep
 
-from pipelines.runner import LocalRunner, WorkerPool, completed_ranks, run_resumable, stat_totals
+from pipelines.runner import LocalRunner, WorkerPool, _run_task, completed_ranks, run_resumable, stat_totals
 from tests.resources.test_executor import RecordRuns
 
 
@@ -105,6 +105,38 @@ def test_two_workers_are_this_process_and_a_helper_that_sees_the_environment_as_
             helper = (pids - {os.getpid()}).pop()
         else:
             assert helper in pids  # the same helper process: started once, not per run
+
+
+class HoldsAnOpenStream(PipelineStep):
+    """Keeps a gzip stream open on itself while it runs, as a writer does: a step in that state does not pickle."""
+
+    name = "holds an open stream"
+
+    def __init__(self, folder: str):
+        super().__init__()
+        self.folder = folder
+
+    def run(self, data, rank: int = 0, world_size: int = 1):
+        import gzip
+
+        self.stream = gzip.open(Path(self.folder) / f"{rank}.gz", "wb")
+        self.stream.write(b"x")
+        yield from data or []
+
+
+def test_a_task_leaves_the_executor_it_was_given_as_it_was_so_the_helpers_job_still_pickles(tmp_path):
+    """The pool's own thread pickles the executor for the helpers while this process runs its first task: a task
+    that set its running copy of the steps on that executor made it unpicklable (an open gzip stream), which
+    failed a suite run under load with "cannot pickle 'zlib.Compress' object"."""
+    import dill
+    from datatrove.executor import LocalPipelineExecutor
+
+    pipeline = [HoldsAnOpenStream(str(tmp_path))]
+    executor = LocalPipelineExecutor(pipeline, tasks=2, workers=2, logging_dir=str(tmp_path / "logs"))
+    _run_task(executor, pipeline, 0, 0)
+    assert (tmp_path / "0.gz").exists()  # the task ran
+    assert executor.pipeline is pipeline and not hasattr(pipeline[0], "stream")
+    dill.loads(dill.dumps(executor))  # what the pool sends a helper
 
 
 def test_a_helper_that_dies_fails_the_run_naming_it_and_the_next_run_gets_a_new_one(tmp_path):
