@@ -6,7 +6,7 @@ dedup output, part-NNNNN.jsonl.gz (kept) and removed-NNNNN.jsonl.gz (with metada
 after that part, and decontamination_report.jsonl: one line per hit, naming the document, the benchmark, the
 item's id and the matched text (pipelines/decontam/steps.py write_report; its summary and first hits are in the
 asset's metadata). The benchmark n-gram index is built once per (files, n) and cached under the scratch root (the
-per-source assets share it); the scan runs as the executor resource's tasks, each loading the saved index and
+per-source assets share it); the scan runs as the executor resource's tasks, each mapping the saved index and
 streaming its share of the parts from the store. Counts come from the tasks' datatrove stats.
 """
 
@@ -143,19 +143,19 @@ def report_metadata(store, output: Output) -> dict:
 def _cached_index(scratch, files: list[Path], settings: DecontamConfig, log) -> tuple[BenchmarkIndex, Path]:
     """The index and the file it is saved in. Building the index of all demo benchmarks takes ~15-25 s (multiple-
     choice items with their choices together as well: 5.4M n-grams, from 3.7M); every source's asset reuses one
-    copy, and the scan's tasks load it from the file."""
+    copy, and the scan's tasks map it from the file."""
     ngram, min_letter_words = settings.ngram, settings.min_letter_words
     digest = section_sha256(
         {"files": [str(p) for p in files], "fingerprints": file_fingerprints(files), "ngram": ngram,
          "min_letter_words": min_letter_words, "format": INDEX_FORMAT}
     )
-    path = Path(scratch.root) / "decontam-index" / f"{digest[:16]}.npz"
+    path = Path(scratch.root) / "decontam-index" / f"{digest[:16]}.index"
     if path.is_file():
         return BenchmarkIndex.load(path), path
     log(f"building the {ngram}-gram index of {len(files)} benchmark file(s)")
     index = BenchmarkIndex.build(files, ngram, min_letter_words)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npz")  # np.savez adds .npz unless the name has it
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     index.save(tmp)
     os.replace(tmp, path)  # atomic: a concurrent reader sees the whole file or none
     return index, path

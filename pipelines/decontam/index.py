@@ -4,9 +4,9 @@
     stats = decontaminate(inputs=[Path("dedup/web/part-00000.jsonl.gz")], index=index,
                           config=DecontamConfig(action="drop"), out_dir=Path("out"))
     # as datatrove tasks over store parts (the asset's way, pipelines/decontam/steps.py): the index built once
-    # and saved, each task loads it
-    index.save(work / "index.npz")
-    steps = [DecontamShards(store=store, keys=keys, index_path=work / "index.npz", config=config, output_dir=out)]
+    # and saved, each task maps it
+    index.save(work / "benchmarks.index")
+    steps = [DecontamShards(store=store, keys=keys, index_path=work / "benchmarks.index", config=config, output_dir=out)]
 
 Every benchmark item is turned into the texts a web page would contain (question with each choice and with all
 choices together, context with its continuation, prompt with its solution, ...: pipelines/decontam/items.py),
@@ -27,8 +27,10 @@ mostly of numbers are not indexed (`min_letter_words`): number runs are common t
 from __future__ import annotations
 
 import math
-import unicodedata
+import mmap
 import os
+import struct
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -78,8 +80,15 @@ class DecontamConfig:
 # each of 2 concurrent tasks ~12% slower than one alone).
 PREFILTER_BITS = 26
 # Of the saved index (2: with its prefilter; 3: each n-gram's item, multiple-choice items also with their choices
-# together); a cache of the index keys on it.
-INDEX_FORMAT = 3
+# together; 4: one file whose arrays are mapped, not read: BenchmarkIndex.save); a cache of the index keys on it.
+INDEX_FORMAT = 4
+INDEX_MAGIC = b"DCIDX\x00\x00\x04"
+INDEX_ARRAYS = ("hashes", "owners", "item_of", "prefilter")
+INDEX_ALIGN = 64  # bytes: each array starts on a cache line
+
+
+def _aligned(n: int) -> int:
+    return -(-n // INDEX_ALIGN) * INDEX_ALIGN
 
 
 @dataclass
@@ -166,18 +175,46 @@ class BenchmarkIndex:
                    short_items=short, item_of=all_items[order], item_ids=item_ids)
 
     def save(self, path: Path) -> None:
-        meta = {"names": self.names, "items": self.items, "short": self.short_items, "item_ids": self.item_ids}
-        np.savez(path, hashes=self.hashes, owners=self.owners, ngram=self.ngram, prefilter=self.prefilter,
-                 item_of=self.item_of, meta=np.frombuffer(orjson.dumps(meta), dtype=np.uint8))
+        """One file: INDEX_MAGIC, the header's length (uint64), the header (JSON: format, ngram, names, item counts,
+        item ids, and each array's dtype, shape and offset), then the arrays, each at a multiple of INDEX_ALIGN
+        bytes from where the header ends, so `load` maps them in place."""
+        arrays = {name: np.ascontiguousarray(getattr(self, name)) for name in INDEX_ARRAYS}
+        layout, offset = {}, 0
+        for name, array in arrays.items():
+            layout[name] = {"dtype": array.dtype.str, "shape": list(array.shape), "offset": offset}
+            offset += _aligned(array.nbytes)
+        header = orjson.dumps({"format": INDEX_FORMAT, "ngram": self.ngram, "names": self.names, "items": self.items,
+                               "short": self.short_items, "item_ids": self.item_ids, "arrays": layout})
+        start = _aligned(len(INDEX_MAGIC) + 8 + len(header))
+        with open(path, "wb") as f:
+            f.write(INDEX_MAGIC + struct.pack("<Q", len(header)) + header)
+            for name, array in arrays.items():
+                f.seek(start + layout[name]["offset"])
+                array.tofile(f)
+            f.truncate(start + offset)
 
     @classmethod
     def load(cls, path: Path) -> "BenchmarkIndex":
-        with np.load(path) as z:
-            meta = orjson.loads(z["meta"].tobytes())
-            return cls(names=meta["names"], hashes=z["hashes"], owners=z["owners"], ngram=int(z["ngram"]),
-                       items=meta["items"], short_items=meta["short"],
-                       prefilter=z["prefilter"] if "prefilter" in z.files else None,
-                       item_of=z["item_of"] if "item_of" in z.files else None, item_ids=meta.get("item_ids", []))
+        """The index saved at `path`, its arrays mapped from the file, not read: a task's load costs no copy of
+        the index's tens of MB, and the processes of a machine share one copy in the page cache (read, each task
+        copied 84 MB for the demo's benchmarks: half a 1,000-document task's time, and memory-bound, so 2 workers
+        barely sped it up)."""
+        with open(path, "rb") as f:
+            magic = f.read(len(INDEX_MAGIC))
+            if magic != INDEX_MAGIC:
+                raise ValueError(f"{path}: not a decontamination index of format {INDEX_FORMAT} (it starts "
+                                 f"{magic!r}); build it again")
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = orjson.loads(f.read(length))
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        start = _aligned(len(INDEX_MAGIC) + 8 + length)
+        arrays = {}
+        for name, spec in header["arrays"].items():
+            shape = tuple(spec["shape"])
+            arrays[name] = np.frombuffer(mapped, dtype=np.dtype(spec["dtype"]), count=math.prod(shape),
+                                         offset=start + spec["offset"]).reshape(shape)
+        return cls(names=header["names"], ngram=int(header["ngram"]), items=header["items"],
+                   short_items=header["short"], item_ids=header["item_ids"], **arrays)
 
     def matches(self, ngram_hashes_: np.ndarray) -> tuple[np.ndarray, set[str]]:
         """(positions of the n-grams found in the index, names of the benchmarks they belong to)."""

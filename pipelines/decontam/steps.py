@@ -1,7 +1,7 @@
 """Decontamination as datatrove tasks: the benchmark index built once and saved, the scan per task.
 
-    index.save(work / "index.npz")                                      # once, in the stage's own process
-    step = DecontamShards(store=store, keys=keys, index_path=work / "index.npz", config=config, output_dir=out,
+    index.save(work / "benchmarks.index")                               # once, in the stage's own process
+    step = DecontamShards(store=store, keys=keys, index_path=work / "benchmarks.index", config=config, output_dir=out,
                           records_dir=work / "records")
     stats_path = executor.run([step], logging_dir=work / "logs" / "decontaminate", tasks=executor.tasks_for(len(keys)))
     counts, files = decontam_counts(stats_path, index.names), written_files(work / "records", keys)
@@ -10,7 +10,7 @@
 Input parts are store keys of gzip JSON-lines parts (the dedup output's `<source>/part-*.jsonl.gz`), streamed
 through the store (local folder or S3), never downloaded whole. Task `rank` of `world_size` takes the parts
 rank, rank + world_size, ...; each part gives its own outputs named after it (pipelines/decontam/index.py
-decontaminate_part), so the files are the same whatever the task count. The index is loaded in the task, from
+decontaminate_part), so the files are the same whatever the task count. The index is mapped in the task from
 its file: the step pickles small (Ray and Slurm ship it to their workers).
 
 Every hit (pipelines/decontam/index.py report_line) goes to records_dir/<part>.hits.jsonl; `write_report` joins
@@ -36,7 +36,7 @@ from pipelines.shards import store_documents
 
 class DecontamShards(PipelineStep):
     """This task's share of the input parts (store keys, every world_size-th from `rank`), each checked against
-    the index saved at `index_path` (loaded in the task, once) and written under output_dir as its own outputs.
+    the index saved at `index_path` (mapped in the task, once) and written under output_dir as its own outputs.
     Stats: documents_in, kept, dropped_contaminated, cut, chars_cut, spans_cut, hits_<benchmark> (documents per
     benchmark). With `records_dir`, each part's files and record counts go to
     records_dir/<part>.json as well (`written_files` gathers them), so the stage lists its output without reading

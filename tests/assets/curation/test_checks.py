@@ -272,8 +272,8 @@ def test_a_surviving_benchmark_ngram_fails_the_blocking_check_and_nothing_is_pac
     def remove_nothing(*, index_path, **kwargs):  # the scan's tasks load an empty index; the check the real one
         index = BenchmarkIndex.load(index_path)
         empty = BenchmarkIndex(names=index.names, hashes=np.empty(0, np.uint64), owners=np.empty(0, np.uint16), ngram=index.ngram)
-        empty.save(tmp_path / "empty-index.npz")
-        return real(index_path=str(tmp_path / "empty-index.npz"), **kwargs)
+        empty.save(tmp_path / "empty.index")
+        return real(index_path=str(tmp_path / "empty.index"), **kwargs)
 
     with monkeypatch.context() as patch:
         patch.setattr(assets.curation.decontaminated, "DecontamShards", remove_nothing)

@@ -100,7 +100,7 @@ def test_prepare_keys_on_its_own_slice_and_build_drops_the_contaminated_document
     assert other.data_version != dedup.data_version
     assert spec.prepare(Inputs(context=context, store=store, outputs={"documents": other})).key_upstream == inputs.key_upstream
     # The index was cached under the scratch root, once.
-    assert len(list((tmp_path / "work" / "decontam-index").glob("*.npz"))) == 1
+    assert len(list((tmp_path / "work" / "decontam-index").glob("*.index"))) == 1
 
     work = tmp_path / "build"
     (work / "out").mkdir(parents=True)

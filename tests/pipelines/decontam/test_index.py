@@ -132,9 +132,19 @@ def test_unknown_layouts_and_missing_files_are_named(tmp_path):
 
 def test_the_index_round_trips_and_counts_short_items(tmp_path, index):
     assert index.items["gsm8k_test"] == 1319 and index.short_items["gsm8k_test"] == 0
-    index.save(tmp_path / "index.npz")
-    again = BenchmarkIndex.load(tmp_path / "index.npz")
-    assert again.names == index.names and (again.hashes == index.hashes).all() and again.ngram == 13
+    index.save(tmp_path / "benchmarks.index")
+    again = BenchmarkIndex.load(tmp_path / "benchmarks.index")
+    assert again.names == index.names and again.ngram == 13 and again.item_ids == index.item_ids
+    assert (again.items, again.short_items) == (index.items, index.short_items)
+    for name in ("hashes", "owners", "item_of", "prefilter"):
+        saved, loaded = getattr(index, name), getattr(again, name)
+        assert loaded.dtype == saved.dtype and (loaded == saved).all(), name
+        # Mapped from the file, not copied: the processes of a machine share the page cache's one copy.
+        assert not loaded.flags.owndata and not loaded.flags.writeable, name
+    assert again.matches(index.hashes[:100])[0].tolist() == list(range(100))
+    (tmp_path / "old.npz").write_bytes(b"PK\x03\x04" + bytes(60))  # an index of format 3 was a numpy zip
+    with pytest.raises(ValueError, match=r"old\.npz: not a decontamination index of format 4.*build it again"):
+        BenchmarkIndex.load(tmp_path / "old.npz")
     mmlu = BenchmarkIndex.build([BENCH / "mmlu_dev.jsonl.gz"], 13)
     assert mmlu.short_items["mmlu_dev"] > 0  # a one-line question with a one-word answer has no 13-gram
 
@@ -159,8 +169,8 @@ def test_the_prefilter_finds_exactly_what_a_set_of_the_index_finds(tmp_path, ind
         assert positions.tolist() == expected
         assert names == set().union(*(owners_of[grams[i]] for i in expected)) if expected else names == set()
     assert index.matches(ngram_hashes(hasher(normalized_words(texts[-1])), 13))[1] == {"gsm8k_test"}
-    index.save(tmp_path / "index.npz")
-    assert (BenchmarkIndex.load(tmp_path / "index.npz").prefilter == index.prefilter).all()
+    index.save(tmp_path / "benchmarks.index")
+    assert (BenchmarkIndex.load(tmp_path / "benchmarks.index").prefilter == index.prefilter).all()
 
 
 class _Owners:

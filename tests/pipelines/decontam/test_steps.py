@@ -32,8 +32,8 @@ def test_the_scan_in_tasks_gives_the_same_bytes_for_1_2_and_4_tasks_and_counts_e
         local = write_part(tmp_path / "parts" / f"part-{i:05d}.jsonl.gz", docs)
         keys.append(f"dedup/web/part-{i:05d}.jsonl.gz")
         store.put_file(keys[-1], local)
-    index.save(tmp_path / "index.npz")
-    expected, stats = run_scan(store, keys, tmp_path / "index.npz", tmp_path / "out-1", tmp_path / "logs-1", 1, 1)
+    index.save(tmp_path / "benchmarks.index")
+    expected, stats = run_scan(store, keys, tmp_path / "benchmarks.index", tmp_path / "out-1", tmp_path / "logs-1", 1, 1)
     assert sorted(expected) == ([f"part-{i:05d}.jsonl.gz" for i in range(5)]
                                 + ["removed-00001.jsonl.gz", "removed-00003.jsonl.gz"])
     counts = decontam_counts(stats, index.names)
@@ -52,14 +52,14 @@ def test_the_scan_in_tasks_gives_the_same_bytes_for_1_2_and_4_tasks_and_counts_e
     assert (summary["hits"], summary["hits_per_benchmark"]) == (2, {"gsm8k_test": 1, "hellaswag_val": 1})
     report = (tmp_path / "report-1.jsonl").read_bytes()
     for tasks, workers in ((2, 1), (4, 2), (4, 1)):
-        files, stats = run_scan(store, keys, tmp_path / "index.npz", tmp_path / f"out-{tasks}-{workers}",
+        files, stats = run_scan(store, keys, tmp_path / "benchmarks.index", tmp_path / f"out-{tasks}-{workers}",
                                 tmp_path / f"logs-{tasks}-{workers}", tasks, workers)
         assert files == expected, (tasks, workers)
         assert decontam_counts(stats, index.names) == counts
         write_report(tmp_path / f"logs-{tasks}-{workers}" / "records", keys, tmp_path / "report.jsonl")
         assert (tmp_path / "report.jsonl").read_bytes() == report, (tasks, workers)
     # Cut: the same documents, kept with the span cut out, counted as cut.
-    _, stats = run_scan(store, keys, tmp_path / "index.npz", tmp_path / "out-cut", tmp_path / "logs-cut", 2, 1,
+    _, stats = run_scan(store, keys, tmp_path / "benchmarks.index", tmp_path / "out-cut", tmp_path / "logs-cut", 2, 1,
                         DecontamConfig(action="cut"))
     cut = decontam_counts(stats, index.names)
     assert (cut["kept"], cut["cut"], cut["dropped"], cut["spans_cut"]) == (12, 2, {}, 2) and cut["chars_cut"] > 100
@@ -81,8 +81,8 @@ def test_parts_streamed_from_s3_give_the_bytes_of_the_same_parts_on_disk(tmp_pat
         keys.append(f"dedup/web/part-{i:05d}.jsonl.gz")
         local.put_file(keys[-1], path)
         remote.put_file(keys[-1], path)
-    index.save(tmp_path / "index.npz")
-    expected, stats = run_scan(local, keys, tmp_path / "index.npz", tmp_path / "out-local", tmp_path / "logs-local", 1, 1)
-    files, s3_stats = run_scan(remote, keys, tmp_path / "index.npz", tmp_path / "out-s3", tmp_path / "logs-s3", 3, 1)
+    index.save(tmp_path / "benchmarks.index")
+    expected, stats = run_scan(local, keys, tmp_path / "benchmarks.index", tmp_path / "out-local", tmp_path / "logs-local", 1, 1)
+    files, s3_stats = run_scan(remote, keys, tmp_path / "benchmarks.index", tmp_path / "out-s3", tmp_path / "logs-s3", 3, 1)
     assert files == expected and "removed-00001.jsonl.gz" in files
     assert decontam_counts(s3_stats, index.names) == decontam_counts(stats, index.names)
