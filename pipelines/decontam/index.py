@@ -22,6 +22,9 @@ removed-00003.jsonl.gz; none when it has no such document), documents in input o
 on how many tasks share the parts. A task's counts go to datatrove's stats (pipelines/decontam/steps.py).
 Items shorter than `ngram` words cannot be matched by n-grams and are counted in `index.short_items`; n-grams
 mostly of numbers are not indexed (`min_letter_words`): number runs are common to MATH and to all code.
+
+Long because the index (its build, the file its tasks map, its lookups) and the scan of one part are one piece:
+the scan's hashing, spans and hit reports read the index's arrays and item ids as they are laid out here.
 """
 
 from __future__ import annotations
