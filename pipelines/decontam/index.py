@@ -85,7 +85,7 @@ PREFILTER_BITS = 26
 # Of the saved index (2: with its prefilter; 3: each n-gram's item, multiple-choice items also with their choices
 # together; 4: one file whose arrays are mapped, not read: BenchmarkIndex.save); a cache of the index keys on it.
 INDEX_FORMAT = 4
-INDEX_MAGIC = b"DCIDX\x00\x00\x04"
+INDEX_MAGIC = b"DCIDX\x00\x00" + bytes([INDEX_FORMAT])  # a file of another format is refused by its start
 INDEX_ARRAYS = ("hashes", "owners", "item_of", "prefilter")
 INDEX_ALIGN = 64  # bytes: each array starts on a cache line
 
@@ -178,7 +178,7 @@ class BenchmarkIndex:
                    short_items=short, item_of=all_items[order], item_ids=item_ids)
 
     def save(self, path: Path) -> None:
-        """One file: INDEX_MAGIC, the header's length (uint64), the header (JSON: format, ngram, names, item counts,
+        """One file: INDEX_MAGIC, the header's length (uint64), the header (JSON: ngram, names, item counts,
         item ids, and each array's dtype, shape and offset), then the arrays, each at a multiple of INDEX_ALIGN
         bytes from where the header ends, so `load` maps them in place."""
         arrays = {name: np.ascontiguousarray(getattr(self, name)) for name in INDEX_ARRAYS}
@@ -186,7 +186,7 @@ class BenchmarkIndex:
         for name, array in arrays.items():
             layout[name] = {"dtype": array.dtype.str, "shape": list(array.shape), "offset": offset}
             offset += _aligned(array.nbytes)
-        header = orjson.dumps({"format": INDEX_FORMAT, "ngram": self.ngram, "names": self.names, "items": self.items,
+        header = orjson.dumps({"ngram": self.ngram, "names": self.names, "items": self.items,
                                "short": self.short_items, "item_ids": self.item_ids, "arrays": layout})
         start = _aligned(len(INDEX_MAGIC) + 8 + len(header))
         with open(path, "wb") as f:
