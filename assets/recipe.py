@@ -1,6 +1,6 @@
 """Recipes: the YAML a user edits, validated by pydantic before anything runs.
 
-A recipe composes the engines' own config types (a source's `reader` is `pipelines.ingest.readers.ReaderConfig`),
+A recipe composes the engines' own config types (a source's `reader` is `pipelines.ingest.config.ReaderConfig`),
 so a field added to an engine is a recipe field at once. Every error names the file and the field:
 
     recipes/mine.yaml: sources[1] (web).reader.min_text_chars: Input should be a valid integer
@@ -25,13 +25,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from assets.scaling.section import ScalingSection, non_embedding_params
 from assets.stages import AblationSection, EvaluationSection, MixingSection, TrainingSection, check_stage, merge
-from pipelines.decontam.index import DecontamConfig
-from pipelines.dedup.minhash import DedupConfig
+from pipelines.decontam.config import DecontamConfig
+from pipelines.dedup.config import DedupConfig
 from pipelines.filters.config import FilterConfig, ReferenceConfig
-from pipelines.inputs import URL_SCHEME
-from pipelines.ingest.readers import ReaderConfig, expand_inputs
+from pipelines.ingest.config import ReaderConfig
+from pipelines.inputs import URL_SCHEME, expand_inputs
 from pipelines.filters.quality import QualityClassifierConfig
-from pipelines.tokenization.tokenizer import PackingConfig, TokenizerConfig
+from pipelines.tokenization.config import PackingConfig, TokenizerConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEMO_RECIPE = REPO_ROOT / "recipes" / "demo.yaml"

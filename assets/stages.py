@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from resources.launcher import LauncherResource
 from resources.slurm import SlurmConfig
 from trainer.config import RunConfig, ZeroShotTask, from_dict
-from trainer.data.mixing import MixingConfig
+from trainer.data.config import MixingConfig
 
 # Fields of RunConfig a recipe stage may set; data, output_dir, stage, lineage and the tokenizer hash
 # are filled in by the training assets.

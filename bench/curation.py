@@ -77,7 +77,7 @@ def smoke_inputs(source: dict, base_dir: Path, out: Path) -> list[str]:
     """The source's WARC inputs cut to their first SMOKE_PAGES records (absolute paths, for the recipe)."""
     from warcio.archiveiterator import ArchiveIterator
 
-    from pipelines.ingest.readers import expand_inputs
+    from pipelines.inputs import expand_inputs
 
     if source["format"] not in ("warc", "wet"):
         raise SystemExit(f"bench/curation.py --smoke: source {source['name']!r} is {source['format']}; "

@@ -66,7 +66,8 @@ import zipfile  # noqa: E402
 import numpy as np  # noqa: E402
 import orjson  # noqa: E402
 
-from pipelines.dedup.minhash import DedupConfig, normalized_words  # noqa: E402
+from pipelines.dedup.config import DedupConfig  # noqa: E402
+from pipelines.dedup.minhash import normalized_words  # noqa: E402
 from pipelines.dedup.stage import deduplicate  # noqa: E402
 from pipelines.runner import LocalRunner  # noqa: E402
 from pipelines.shards import iter_documents  # noqa: E402
@@ -120,7 +121,8 @@ def crawl_texts(max_records: int | None) -> list[str]:
 
     from pipelines.filters.steps import lid176_path
     from pipelines.ingest.extraction import decode_text, extract_main_text
-    from pipelines.ingest.readers import ReaderConfig, read_inputs
+    from pipelines.ingest.config import ReaderConfig
+    from pipelines.ingest.readers import read_inputs
 
     model = fasttext.load_model(str(lid176_path()))
     records = read_inputs("crawl", [DATA / "crawl" / "web-pages.warc.gz"], "warc", ReaderConfig(), count_bytes=lambda n: None)

@@ -40,7 +40,7 @@ import zipfile  # noqa: E402
 
 import orjson  # noqa: E402
 
-from pipelines.dedup.minhash import DedupConfig  # noqa: E402
+from pipelines.dedup.config import DedupConfig  # noqa: E402
 from pipelines.dedup.sequential import IndexPart, deduplicate_sequential  # noqa: E402
 from pipelines.runner import LocalRunner  # noqa: E402
 from storage.factory import open_store  # noqa: E402

@@ -91,7 +91,7 @@ def close_helpers() -> None:
 def run_ours(work: Path, inputs: list[Path], tasks: int, workers: int) -> tuple[int, float, dict]:
     sys.path.insert(0, str(REPO))
     from pipelines.ingest.step import ingest_source
-    from pipelines.ingest.readers import ReaderConfig
+    from pipelines.ingest.config import ReaderConfig
 
     start = time.perf_counter()
     stats = ingest_source(name="web", inputs=inputs, format="warc", reader=ReaderConfig(), out_dir=work / "ours-out",

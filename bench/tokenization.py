@@ -41,7 +41,8 @@ import torch  # noqa: E402
 
 from pipelines.shards import iter_documents  # noqa: E402
 from pipelines.tokenization.packed_format import build_index, write_index  # noqa: E402
-from pipelines.tokenization.tokenizer import PackingConfig, TokenizerConfig, pack_documents, sample_texts, train_tokenizer  # noqa: E402
+from pipelines.tokenization.config import PackingConfig, TokenizerConfig  # noqa: E402
+from pipelines.tokenization.tokenizer import pack_documents, sample_texts, train_tokenizer  # noqa: E402
 from storage.manifest import commit_folder  # noqa: E402
 from storage.factory import open_store  # noqa: E402
 from trainer.data.mixture import DataConfig, MixtureDataset  # noqa: E402

@@ -1,5 +1,6 @@
 """Where a source's inputs are: local paths, or fsspec URLs read without copying them to local disk first.
 
+    expand_inputs(["crawl/*.warc.gz", "s3://bucket/crawl/*.warc.gz"], base_dir)   # [Path(...), "s3://...", ...]
     expand_remote("s3://bucket/crawl/*.warc.gz")   # ["s3://bucket/crawl/a.warc.gz", ...] (sorted by the caller)
     with open_input("s3://bucket/crawl/a.warc.gz") as f: ...   # seekable, streamed in 8 MiB read-ahead blocks
     input_info(Path("crawl/a.warc.gz"))            # {"size": 123}; remote: also "etag" and "mtime", no download
@@ -7,14 +8,15 @@
 An input is a `Path` (local) or a URL string (`Input`). S3 goes through s3fs: the endpoint (AWS_ENDPOINT_URL_S3,
 AWS_ENDPOINT_URL: MinIO, moto), credentials and region come from the usual AWS_* variables. A remote input reads
 to the same records, origins included, as the same file on disk: origins use the file name (`input_name`).
-Local paths and globs relative to a recipe's base_dir are pipelines/ingest/readers.py's expand_inputs, which calls here
-for URLs.
+A recipe's inputs (paths and globs relative to its base_dir, file:// URIs, URLs) become the list of inputs with
+`expand_inputs`.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from glob import glob
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 from urllib.parse import unquote, urlparse
@@ -24,6 +26,34 @@ Input = Path | str  # a local file (or folder) or an fsspec URL ("s3://bucket/ke
 URL_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]+://")
 GLOB_CHARS = re.compile(r"[*?[]")
 REMOTE_BLOCK_BYTES = 8 << 20  # fsspec read-ahead per remote file: one ranged request per 8 MiB streamed
+
+
+def expand_inputs(inputs: list[str], base_dir) -> list[Input]:
+    """Paths, globs (relative to base_dir; ** recurses), file:// URIs or fsspec URLs (s3://bucket/crawl/*.warc.gz)
+    -> the existing inputs, sorted, no repeats: local ones as absolute Paths, remote ones as URLs (str)."""
+    base = Path(base_dir)
+    found: set[Input] = set()
+    for spec in inputs:
+        text = str(spec)
+        if text.startswith("file://"):
+            uri = urlparse(text)
+            if uri.netloc not in ("", "localhost"):
+                raise ValueError(f"input {spec!r}: a file:// URI must name an absolute local path (file:///...)")
+            text = unquote(uri.path)
+        elif URL_SCHEME.match(text):
+            found.update(expand_remote(text))
+            continue
+        pattern = str(base / Path(text).expanduser())
+        if GLOB_CHARS.search(text):
+            matches = [Path(p) for p in glob(pattern, recursive=True)]
+            if not matches:
+                raise ValueError(f"input pattern {spec!r} matches nothing (looked in {base})")
+            found.update(Path(os.path.abspath(p)) for p in matches)
+        elif os.path.exists(pattern):
+            found.add(Path(os.path.abspath(pattern)))
+        else:
+            raise ValueError(f"input {spec!r} does not exist (looked for {pattern})")
+    return sorted(found, key=str)
 
 
 def expand_remote(url: str) -> list[str]:

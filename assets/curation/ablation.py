@@ -52,9 +52,7 @@ from assets.tokenization.packed import pack_parts
 from assets.tokenization.tokenizer import TOKENIZER_FILE, tokenizer_key
 from assets.training.inputs import local_folder
 from pipelines.filters.config import FilterConfig
-from pipelines.filters.perplexity import read_reference_text, reference_paragraphs
-from pipelines.tokenization.packed_format import INDEX_FILE, build_index, shard_files, write_index
-from pipelines.tokenization.tokenizer import PackingConfig, pack_documents, token_dtype
+from pipelines.tokenization.config import PackingConfig
 from storage.manifest import commit_folder, read_manifest
 
 RESULT_FILE = "result.json"
@@ -239,6 +237,9 @@ def _reference_domain(inputs: Inputs, path: Path, tokenizer: Output, tokenizer_f
                 "code": code_digest(("assets.curation.ablation:_reference_domain", "pipelines.tokenization.tokenizer"))}
 
     def make(folder: Path) -> dict:
+        from pipelines.filters.perplexity import read_reference_text, reference_paragraphs
+        from pipelines.tokenization.packed_format import INDEX_FILE, build_index, shard_files, write_index
+        from pipelines.tokenization.tokenizer import pack_documents, token_dtype
         loaded = Tokenizer.from_file(str(tokenizer_file))
         vocab_size = loaded.get_vocab_size(with_added_tokens=True)
         eos_id = tokenizer.manifest["tokenizer"]["eos_id"]

@@ -32,18 +32,18 @@ import hashlib
 import random
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping
 
-import numpy as np
 from dagster import AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, AssetKey, MetadataValue
 
 from assets.recipe import ChecksConfig
-from pipelines.decontam.index import BenchmarkIndex
-from pipelines.dedup.minhash import WordHasher, ngram_hashes, normalized_words
-from pipelines.filters.pii import find_pii
-from pipelines.filters.steps import FilterConfig
-from pipelines.shards import store_documents
+from pipelines.filters.config import FilterConfig
 from storage.objects import ObjectStore
+
+if TYPE_CHECKING:  # engines and numpy are imported where a check runs, not when the code location loads
+    import numpy as np
+
+    from pipelines.decontam.index import BenchmarkIndex
 
 DOCUMENTS_CHECK = "documents_valid"
 BENCHMARK_CHECK = "no_benchmark_ngrams"
@@ -74,6 +74,7 @@ def benchmark_check_spec(key: AssetKey) -> AssetCheckSpec:
 
 def read_documents(store: ObjectStore, keys: list[str]) -> Iterator[dict]:
     """The documents of gzip JSONL parts in the store, in order, streamed: one line in memory at a time."""
+    from pipelines.shards import store_documents
     for key in keys:
         yield from store_documents(store, key)
 
@@ -110,6 +111,8 @@ class UniqueIds:
             self._flush()
 
     def _flush(self) -> None:
+        import numpy as np
+
         if self._pending:
             self._arrays.append(np.array(self._pending, dtype=np.uint64))
             self._pending = []
@@ -117,6 +120,8 @@ class UniqueIds:
     def duplicates(self, labels: Callable[[], Iterable[str]]) -> tuple[int, list[str]]:
         """(documents whose id is not unique, their ids in stream order, up to EXPECTATION_EXAMPLES), as GE's
         expect_column_values_to_be_unique counts them; `labels` gives every id again, in the same order."""
+        import numpy as np
+
         self._flush()
         if not self._arrays:
             return 0, []
@@ -268,6 +273,7 @@ class _Suite:
                        gx.ExpectationSuite(name="curated_documents", expectations=expectations)]
 
     def validate(self, chunk: list[tuple[str, dict]], report: ValidationReport) -> None:
+        from pipelines.filters.pii import find_pii
         import pandas as pd
 
         found = []
@@ -332,6 +338,7 @@ def benchmark_check(store: ObjectStore, keys: list[str], index: BenchmarkIndex) 
     Deliberately not the decontaminator's span logic: every n-gram of the committed text, so a cut that leaves
     a benchmark n-gram behind, or a document that slipped through, fails the check. Streamed: one document in
     memory at a time, and only the first EXAMPLES offenders' ids kept."""
+    from pipelines.dedup.minhash import WordHasher, ngram_hashes, normalized_words
     hasher = WordHasher()
     hits = {name: 0 for name in index.names}  # documents with a surviving n-gram of each benchmark
     ngrams = 0

@@ -13,6 +13,7 @@ streaming its share of the parts from the store. Counts come from the tasks' dat
 import dataclasses
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dagster import AssetKey, MetadataValue
 
@@ -24,10 +25,11 @@ from assets.curation.deduplicated import deduplicated_key, dump_deduplicated_key
 from assets.dumps import dump_partitioned
 from assets.plots import bar_chart
 from assets.recipe import Recipe, SourceConfig
-from pipelines.decontam.index import INDEX_FORMAT, BenchmarkIndex, DecontamConfig
-from pipelines.decontam.steps import REPORT_NAME, DecontamShards, decontam_counts, write_report, written_files
-from pipelines.ingest.readers import expand_inputs
+from pipelines.decontam.config import DecontamConfig
 from storage.manifest import data_version_of
+
+if TYPE_CHECKING:  # the engine is imported where the asset runs, not when the code location loads
+    from pipelines.decontam.index import BenchmarkIndex
 
 
 def decontaminated_key(source_name: str) -> AssetKey:
@@ -36,6 +38,7 @@ def decontaminated_key(source_name: str) -> AssetKey:
 
 def benchmark_files(recipe: Recipe) -> list[Path]:
     """The recipe's benchmark files (globs allowed), relative to its base_dir. ValueError names a missing one."""
+    from pipelines.inputs import expand_inputs
     if not recipe.decontamination.benchmarks:
         return []
     try:
@@ -65,6 +68,7 @@ def decontaminated_asset(recipe: Recipe, source: SourceConfig):
                           extra={"index": index, "index_path": index_path})
 
     def build(inputs: Inputs, out_dir: Path) -> dict:
+        from pipelines.decontam.steps import DecontamShards, REPORT_NAME, decontam_counts, write_report, written_files
         index = inputs.extra["index"]
         keys = inputs.outputs["documents"].files(pattern_prefix=f"{source.name}/part-")
         executor = inputs.resources.executor
@@ -140,10 +144,11 @@ def report_metadata(store, output: Output) -> dict:
             "report_first_hits": MetadataValue.md(first)}
 
 
-def _cached_index(scratch, files: list[Path], settings: DecontamConfig, log) -> tuple[BenchmarkIndex, Path]:
+def _cached_index(scratch, files: list[Path], settings: DecontamConfig, log) -> tuple["BenchmarkIndex", Path]:
     """The index and the file it is saved in. Building the index of all demo benchmarks takes ~15-25 s (multiple-
     choice items with their choices together as well: 5.4M n-grams, from 3.7M); every source's asset reuses one
     copy, and the scan's tasks map it from the file."""
+    from pipelines.decontam.index import BenchmarkIndex, INDEX_FORMAT
     ngram, min_letter_words = settings.ngram, settings.min_letter_words
     digest = section_sha256(
         {"files": [str(p) for p in files], "fingerprints": file_fingerprints(files), "ngram": ngram,

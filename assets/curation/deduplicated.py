@@ -26,9 +26,6 @@ from assets.curation.checks import documents_check, documents_check_spec
 from assets.plots import bar_chart, count_table, histogram
 from assets.dumps import dump_partitioned, dumps_partitions
 from assets.recipe import Recipe, SourceConfig
-from pipelines.dedup.sequential import IndexPart, deduplicate_sequential
-from pipelines.dedup.stage import deduplicate
-from pipelines.dedup.steps import Shard
 
 # Settings that change how the work is done but never its output: tuning them leaves the asset fresh.
 DEDUP_FIELDS_NOT_VERSIONED = ("batch_shingles", "bucket_docs")
@@ -61,6 +58,9 @@ def deduplicated_asset(recipe: Recipe, upstream_key: Callable[[str], AssetKey]):
 
     def build(inputs: Inputs, out_dir) -> dict:
         # Every task streams its own shards from the store (Shard pickles the store for Ray and Slurm workers).
+        from pipelines.dedup.sequential import deduplicate_sequential
+        from pipelines.dedup.stage import deduplicate
+        from pipelines.dedup.steps import Shard
         sources = [(name, [Shard(name, key, inputs.store) for key in inputs.outputs[name].files()]) for name in reads]
         shards = sum(len(shards) for _, shards in sources)
         inputs.log.info(f"deduplicating {shards} shard(s) of {len(sources)} source(s) in {inputs.work}")
@@ -130,6 +130,8 @@ def dump_deduplicated_asset(recipe: Recipe, source: SourceConfig, upstream_key: 
                           extra={"earlier": parts})
 
     def build(inputs: Inputs, out_dir) -> dict:
+        from pipelines.dedup.sequential import IndexPart, deduplicate_sequential
+        from pipelines.dedup.steps import Shard
         shards = [Shard(source.name, k, inputs.store) for k in inputs.outputs["documents"].files()]
         parts = inputs.extra["earlier"]
         inputs.log.info(f"deduplicating {len(shards)} shard(s) of {source.name}[{inputs.context.partition_key}] "

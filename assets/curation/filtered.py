@@ -26,8 +26,7 @@ from assets.curation.raw_crawl import raw_crawl_key
 from assets.curation.reference_lm import REFERENCE_KEY
 from assets.plots import bar_chart, count_table
 from assets.recipe import DEMO_RECIPE, Recipe, SourceConfig
-from pipelines.filters.steps import PIPELINE_CODE, STEP_CODE, FilterConfig, filter_counts, filter_pipeline
-from pipelines.shards import iter_documents
+from pipelines.filters.config import PIPELINE_CODE, STEP_CODE, FilterConfig
 
 
 
@@ -81,6 +80,7 @@ def run_filter(inputs: Inputs, config: FilterConfig, out_dir: Path, *, raw: Outp
     """raw's documents through `config` (list paths resolved) on the executor into out_dir; the manifest's fields
     ("files", "counts", "seconds", "perplexity"). The filtered asset's build; a filter ablation's arm with a step
     left out or a setting changed runs it on the same raw output (assets/curation/ablation.py)."""
+    from pipelines.filters.steps import filter_counts, filter_pipeline
     work = inputs.work
     files = raw.files()  # read in place, from the store's folder or bucket: nothing is copied first
     model_path = None
@@ -193,6 +193,7 @@ _BUCKET_CUTS = (30, 60)
 def _perplexity_summary(out_dir: Path) -> dict | None:
     """The perplexities of every document the perplexity step scored (the kept parts and its rejected files):
     count, CCNet cut-offs, bucket sizes, percentiles and a histogram."""
+    from pipelines.shards import iter_documents
     import numpy as np
 
     scores = [doc["metadata"]["perplexity"]

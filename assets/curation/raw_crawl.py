@@ -25,7 +25,6 @@ from assets.core.versioning import file_fingerprints
 from assets.dumps import dump_partitioned
 from assets.plots import bar_chart, count_table
 from assets.recipe import Recipe, SourceConfig
-from pipelines.ingest.step import BadInputError, check_bad_fraction, ingest_pipeline, ingest_stats
 
 
 def raw_crawl_key(source_name: str) -> AssetKey:
@@ -101,6 +100,7 @@ def raw_crawl_asset(recipe: Recipe, source: SourceConfig):
                           extra={"files": files})
 
     def build(inputs: Inputs, out_dir) -> dict:
+        from pipelines.ingest.step import BadInputError, check_bad_fraction, ingest_pipeline, ingest_stats
         files = inputs.extra["files"]
         executor = inputs.resources.executor
         logs = inputs.work / "logs" / "ingest"

@@ -25,8 +25,7 @@ from assets.core.factory import Inputs, OutputSpec, output_asset
 from assets.core.upstream import Output
 from assets.recipe import Recipe
 from pipelines.filters.config import ReferenceConfig
-from pipelines.filters.perplexity import REFERENCE_FILE, read_reference_text, reference_paragraphs
-from pipelines.tokenization.tokenizer import TokenizerConfig, train_tokenizer
+from pipelines.tokenization.config import TokenizerConfig
 
 REFERENCE_KEY = AssetKey(["curation", "reference_lm"])
 METRICS_FILE = "metrics.jsonl"
@@ -57,6 +56,7 @@ def run_config(config: ReferenceConfig, *, text: Path, tokenizer: Path, output_d
 
 def _paragraphs(files: list[Path], budget: int) -> list[str]:
     """The files' paragraphs in order, up to `budget` UTF-8 bytes."""
+    from pipelines.filters.perplexity import read_reference_text, reference_paragraphs
     kept, used = [], 0
     for path in files:
         for paragraph in reference_paragraphs(read_reference_text(path)):
@@ -83,6 +83,8 @@ def reference_lm_asset(recipe: Recipe, config: ReferenceConfig):
         return inputs.but(manifest={"texts": texts}, extra={"files": files})
 
     def build(inputs: Inputs, out_dir: Path) -> dict:
+        from pipelines.filters.perplexity import REFERENCE_FILE
+        from pipelines.tokenization.tokenizer import train_tokenizer
         files, work = inputs.extra["files"], inputs.work
         train = _paragraphs([files[name] for name in config.train_files], config.max_train_bytes)
         val = _paragraphs([files[name] for name in config.val_files], config.max_val_bytes)
@@ -110,6 +112,7 @@ def reference_lm_asset(recipe: Recipe, config: ReferenceConfig):
                 "final_train_loss": train_logs[-1]["loss"] if train_logs else None}
 
     def metadata(inputs: Inputs, output: Output) -> dict:
+        from pipelines.filters.perplexity import REFERENCE_FILE
         manifest = output.manifest
         info = json.loads(inputs.store.get_bytes(f"{output.prefix}/{REFERENCE_FILE}"))
         pct = info["val_percentiles"]

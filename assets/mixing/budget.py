@@ -21,7 +21,6 @@ from dagster import Failure
 from assets.recipe import Recipe
 from assets.stages import MixingSection
 from trainer.config import BatchConfig
-from trainer.data.mixture import DataConfig, MixtureDataset
 
 # What a recipe without a mixing section gets: mixing.max_epochs's default.
 DEFAULT_MAX_EPOCHS = MixingSection.model_fields["max_epochs"].default
@@ -53,6 +52,7 @@ def run_epochs(where: str, folders: dict[str, Path], weights: dict[str, float], 
     """{"epochs": ..., "tokens_available": ...}: what a run of `settings` (train_tokens, batch.seq_len) draws from
     each source, as the trainer's loader counts it, and the tokens each source has for it. A Failure for what
     the trainer would fail on at its start (an empty source, no document as long as min_doc_tokens)."""
+    from trainer.data.mixture import DataConfig, MixtureDataset
     seq_len = settings.get("batch", {}).get("seq_len", BatchConfig().seq_len)
     try:
         data = MixtureDataset(DataConfig(shards={k: str(v) for k, v in folders.items()}, weights=weights,

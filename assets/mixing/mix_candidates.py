@@ -27,7 +27,6 @@ from assets.mixing.section import (
     write_result,
 )
 from assets.recipe import Recipe
-from trainer.data.mixing import candidate_mixtures, mixture_name
 
 
 def mix_candidates_asset(recipe: Recipe):
@@ -44,6 +43,7 @@ def mix_candidates_asset(recipe: Recipe):
         return inputs.but(fingerprints=draws, extra={"draw": draw, "draws": draws})
 
     def build(inputs: Inputs, out_dir: Path) -> dict:
+        from trainer.data.mixing import candidate_mixtures, mixture_name
         draws, candidates = {}, {}
         for draw in inputs.extra["draws"]:
             mixtures = {mixture_name(m): m for m in candidate_mixtures(cfg, tick=tick_seed(draw))}

@@ -30,7 +30,6 @@ from assets.mixing.section import (
 from assets.plots import bar_chart
 from assets.recipe import Recipe
 from assets.tokenization.packed import packed_key, source_packed
-from trainer.data.mixing import best_mixture, fit_mixture_regression
 
 
 def mixture_weights_asset(recipe: Recipe):
@@ -71,6 +70,7 @@ def mixture_weights_asset(recipe: Recipe):
                                  "available": available})
 
     def build(inputs: Inputs, out_dir: Path) -> dict:
+        from trainer.data.mixing import best_mixture, fit_mixture_regression
         results = inputs.extra["results"]
         model = fit_mixture_regression([r["weights"] for r in results], [r["target_loss"] for r in results],
                                        ridge=cfg.ridge)

@@ -9,6 +9,7 @@ depending on this asset (assets/scaling/predict.py), so a refit never makes a tr
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dagster import AssetRecordsFilter, Failure, MetadataValue
 
@@ -29,7 +30,9 @@ from assets.scaling.section import (
     smallest,
     write_result,
 )
-from trainer.planner.scaling_law import ScalingFit, fit_scaling_law
+
+if TYPE_CHECKING:  # the fit (numpy) is imported where the asset runs, not when the code location loads
+    from trainer.planner.scaling_law import ScalingFit
 
 FRONTIER_POINTS = 40
 
@@ -63,6 +66,7 @@ def fit_asset(recipe: Recipe):
         return inputs.but(key_upstream=versions, manifest={"rungs": versions}, extra={"results": results})
 
     def build(inputs: Inputs, out_dir: Path) -> dict:
+        from trainer.planner.scaling_law import fit_scaling_law
         results = {r["rung"]: r for r in inputs.extra["results"]}
         ladder = rungs(recipe)
         top, bottom = largest(ladder), smallest(ladder)
@@ -90,6 +94,7 @@ def fit_asset(recipe: Recipe):
         return {}
 
     def metadata(inputs: Inputs, output: Output) -> dict:
+        from trainer.planner.scaling_law import ScalingFit
         payload = json.loads(inputs.store.get_bytes(f"{output.prefix}/{RESULT_FILE}"))
         fit = ScalingFit.from_json(json.loads(inputs.store.get_bytes(f"{output.prefix}/{FIT_FILE}")))
         held, main_run = payload["held_out"], payload["main"]
@@ -125,7 +130,7 @@ def fit_asset(recipe: Recipe):
     ))
 
 
-def _plot(fit: ScalingFit, payload: dict) -> MetadataValue:
+def _plot(fit: "ScalingFit", payload: dict) -> MetadataValue:
     """Loss against C = 6·N·D: each size's rungs, the held-out rung's prediction, the law's compute frontier."""
     series: dict[str, list] = {}
     for r in sorted(payload["rungs"], key=lambda r: (r["n_params"], r["tokens"])):

@@ -21,7 +21,6 @@ from dagster import AssetObservation
 
 from assets.core.upstream import OutputNotFound, latest_output
 from assets.scaling.section import FIT_FILE, RESULT_FILE, fit_key, non_embedding_params, weighted_loss
-from trainer.planner.scaling_law import ScalingFit
 
 if TYPE_CHECKING:
     from assets.core.factory import Inputs
@@ -34,6 +33,7 @@ SAME_RUN_FIELDS = ("model", "optim", "schedule", "batch")
 def predicted(inputs: Inputs, recipe: Recipe, stage: str, weights: dict[str, float]) -> dict:
     """{"predicted_loss", "n_params", "tokens", "fit"} for this stage, or {"reason"} why there is none. Logged,
     and recorded as an observation of the stage's asset before it trains."""
+    from trainer.planner.scaling_law import ScalingFit
     try:
         output = latest_output(inputs.context.instance, inputs.store, fit_key())
     except OutputNotFound:

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Callable
 
 from dagster import AssetKey
-from tokenizers import Tokenizer
 
 from assets.core.factory import Inputs, OutputSpec, output_asset
 from assets.core.upstream import Output, OutputNotFound, latest_output, partition_outputs
@@ -19,10 +18,7 @@ from assets.plots import bar_chart
 from assets.dumps import dump_partitioned, dumps_partitions
 from assets.recipe import Recipe, SourceConfig
 from assets.tokenization.tokenizer import TOKENIZER_FILE, tokenizer_key
-from pipelines.tokenization.pack import PackIndex, PackShards, shard_name, split_counts
-from pipelines.runner import stat_totals
-from pipelines.tokenization.packed_format import INDEX_FILE
-from pipelines.tokenization.tokenizer import PackingConfig
+from pipelines.tokenization.config import PackingConfig
 from storage.manifest import data_version_of
 
 # Settings that change how the work is done but never its output (packing is batch-size independent).
@@ -45,6 +41,11 @@ def pack_parts(inputs: Inputs, keys: list[str], tokenizer: Output, out_dir: Path
     """Pack the document parts at store `keys` (read by the executor's tasks, part by part) with the tokenizer
     into out_dir, index them, and return the manifest's fields ("tokenizer", "packing", "counts"). The packed
     asset's build; the filter ablations pack their arms' documents the same way (assets/curation/ablation.py)."""
+    from tokenizers import Tokenizer
+
+    from pipelines.runner import stat_totals
+    from pipelines.tokenization.pack import PackIndex, PackShards, shard_name, split_counts
+    from pipelines.tokenization.packed_format import INDEX_FILE
     info = tokenizer.manifest["tokenizer"]
     [tokenizer_file] = tokenizer.download(inputs.store, inputs.work / "tokenizer", TOKENIZER_FILE)
     vocab_size = Tokenizer.from_file(str(tokenizer_file)).get_vocab_size(with_added_tokens=True)

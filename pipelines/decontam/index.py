@@ -37,43 +37,17 @@ import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Iterable, Literal, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 import orjson
 
+from pipelines.decontam.config import DecontamConfig
 from pipelines.decontam.items import benchmark_items, benchmark_name
 from pipelines.dedup.minhash import WORD, WordHasher, ngram_hashes, normalized_words
 from pipelines.shards import GzipLines, iter_documents
 
 SHARD_COMPRESSLEVEL = 1  # as dedup's: intermediate data, speed over size (changing it changes every output byte)
-
-
-@dataclass(frozen=True, kw_only=True)
-class DecontamConfig:
-    """The recipe's `decontamination` section. Benchmark paths are relative to the recipe's base_dir."""
-
-    # A misspelt or retired setting in the recipe is refused by name when pydantic reads it, not ignored.
-    __pydantic_config__ = {"extra": "forbid"}
-
-    benchmarks: tuple[str, ...] = ()  # JSONL (.gz or not) or plain-text files; none = nothing to remove
-    ngram: int = 13  # words per n-gram (GPT-3 / OLMo use 13)
-    action: Literal["drop", "cut"] = "drop"  # drop the whole document, or cut the matching spans out
-    # An n-gram is indexed only if at least this fraction of its words contain a letter: runs of numbers
-    # ("1 2 3 ... 13", the primes, matrix rows) are in MATH and in any code, and say nothing about leakage.
-    min_letter_words: float = 0.5
-
-    def __post_init__(self):
-        value = (self.benchmarks,) if isinstance(self.benchmarks, str) else tuple(self.benchmarks)
-        if not all(isinstance(v, str) and v for v in value):
-            raise ValueError(f"decontamination.benchmarks must be a list of file paths, got {value!r}")
-        object.__setattr__(self, "benchmarks", value)
-        if self.ngram < 1:
-            raise ValueError(f"decontamination.ngram must be >= 1, got {self.ngram}")
-        if not 0.0 <= self.min_letter_words <= 1.0:
-            raise ValueError(f"decontamination.min_letter_words must be within [0, 1], got {self.min_letter_words}")
-        if self.action not in ("drop", "cut"):
-            raise ValueError(f"decontamination.action must be 'drop' or 'cut', got {self.action!r}")
 
 
 # The prefilter: one bit per value of an n-gram hash's top PREFILTER_BITS bits, set where some benchmark n-gram has

@@ -29,7 +29,8 @@ import orjson
 
 from datatrove.pipeline.base import PipelineStep
 
-from pipelines.decontam.index import BenchmarkIndex, DecontamConfig, Decontaminator, check_ngram, decontaminate_part, output_names
+from pipelines.decontam.config import DecontamConfig
+from pipelines.decontam.index import BenchmarkIndex, Decontaminator, check_ngram, decontaminate_part, output_names
 from pipelines.runner import stat_totals
 from pipelines.shards import store_documents
 

@@ -1,4 +1,5 @@
-"""Deduplication: MinHash signatures with exact and LSH candidates verified (minhash.py), by one of two rules.
+"""Deduplication: MinHash signatures with exact and LSH candidates verified (minhash.py), by one of two rules
+(config.py: the recipe's `dedup` section).
 
 transitive (stage.py's deduplicate): every source at once, in four phases on the executor (steps.py: signatures per
 input shard, buckets per band group; clusters.py: clusters over document indices, removal per input shard).

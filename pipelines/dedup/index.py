@@ -34,7 +34,8 @@ import numpy as np
 import orjson
 from datatrove.pipeline.base import PipelineStep
 
-from pipelines.dedup.minhash import DedupConfig, estimated_jaccard
+from pipelines.dedup.config import DedupConfig
+from pipelines.dedup.minhash import estimated_jaccard
 from pipelines.dedup.steps import no_words_key, read_signatures, read_unit_index, unit_file
 from storage.objects import ObjectNotFoundError, ObjectStore, join_key, write_atomic
 

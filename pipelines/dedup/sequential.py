@@ -60,7 +60,8 @@ from datatrove.pipeline.base import PipelineStep
 from pipelines.dedup.clusters import ShardRemoval
 from pipelines.dedup.index import (MAX_KEPT, EarlierIndex, IndexMatch, IndexPart, IndexWrite, index_pieces,
                                    match_units, open_earlier, write_meta)
-from pipelines.dedup.minhash import DedupConfig, estimated_jaccard
+from pipelines.dedup.config import DedupConfig
+from pipelines.dedup.minhash import estimated_jaccard
 from pipelines.dedup.stage import BUCKET_TASK_DOCS, DedupStats, dedup_stats, prepare_units, write_unit_index
 from pipelines.dedup.steps import DedupSignatures, Shard, read_signatures, read_unit_index, unit_file
 from pipelines.runner import LocalRunner, stat_totals

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from pipelines.dedup.minhash import DedupConfig
+from pipelines.dedup.config import DedupConfig
 from pipelines.runner import LocalRunner, stat_totals
 from storage.objects import write_atomic
 from pipelines.dedup.clusters import DedupClusters, DedupRemoval

@@ -37,7 +37,8 @@ import xxhash
 from datatrove.pipeline.base import PipelineStep
 
 from storage.objects import write_atomic
-from pipelines.dedup.minhash import DedupConfig, MinHasher, WordHasher, estimated_jaccard, ngram_hashes, normalized_words, run_pairs
+from pipelines.dedup.config import DedupConfig
+from pipelines.dedup.minhash import MinHasher, WordHasher, estimated_jaccard, ngram_hashes, normalized_words, run_pairs
 from pipelines.inputs import as_input, open_input
 from storage.objects import ObjectStore
 

@@ -1,8 +1,10 @@
 """Filter settings: one kw-only dataclass per step of pipelines/filters/steps.py, composed into FilterConfig, and
-the recipe's `reference` section (ReferenceConfig: the text of the model the perplexity step scores with).
+the recipe's `reference` section (ReferenceConfig: the text of the model the perplexity step scores with), and the
+code each setting turns on (STEP_CODE: what a filtered output's code version hashes).
 
-Kept apart from the steps so that reading a recipe (assets/recipe.py) does not import datatrove: every
-`pretrain` command validates the recipe first, and datatrove's import costs over a second.
+Kept apart from the steps so that reading a recipe (assets/recipe.py) and loading the code location do not import
+datatrove: every `pretrain` command validates the recipe first, and the UI and the daemon load the code location
+again and again.
 """
 
 from __future__ import annotations
@@ -279,3 +281,37 @@ for _settings in (UrlFilterConfig, LanguageConfig, GopherQualityConfig, GopherRe
                   SampleConfig, PiiConfig,
                   FilterConfig):
     _settings.__pydantic_config__ = {"extra": "forbid"}
+
+
+# The code each step runs, by its setting (a FilterConfig field): top-level names of steps.py (a bare name) or of
+# another module under pipelines/ ("filters.c4:C4LineFilter") that a filtered output's version hashes, so that
+# editing one step's code makes stale only the sources whose filter uses it (assets/curation/filtered.py). A step
+# that is datatrove's own lists nothing here. Here, not in steps.py: the code location names them at load, and
+# steps.py imports datatrove.
+STEP_CODE: dict[str, tuple[str, ...]] = {
+    "sample": ("SampleFilter",),
+    "url": ("UrlBlocklistFilter", "_well_formed_url", "_read_list_files"),
+    "language": ("LanguageIdFilter", "_OfflineLid176", "lid176_path"),
+    "gopher_repetition": (),
+    "gopher_quality": ("LanguageAwareGopherQuality", "_WORD", "filters.config:DEFAULT_STOP_WORDS"),
+    "c4": tuple(f"filters.c4:{name}" for name in (
+        "C4LineFilter", "_rebuilt", "_INTERFACE_LABELS", "_KEPT", "_DROPPED", "_BLANK")),
+    "fineweb": (),
+    "code": tuple(f"filters.code:{name}" for name in (
+        "CodeQualityFilter", "python_syntax", "detect_license", "_closing_bracket", "_older_line", "_name",
+        "_repository", "_MINIFIED_NAME", "_GENERATED_NAME", "_PYTHON_NAME", "_TEST_NAME", "_SPDX", "_LICENSE_TEXTS",
+        "_COMMENT_BREAK", "_COPYRIGHT", "_TYPE_PARAMS", "_TYPE_ALIAS", "_BARE_EXCEPT_TUPLE", "_FSTRING", "_MAX_REWRITES")),
+    "quality_model": ("QualityModelFilter",),
+    "toxicity": tuple(f"filters.toxicity:{name}" for name in (
+        "ToxicityFilter", "split_sentences", "judge", "_load_predict_prob", "_SENTENCE_BREAK", "_ALPHA_WORD",
+        "_BATCH_DOCUMENTS")),
+    "perplexity": tuple(f"filters.perplexity:{name}" for name in (
+        "PerplexityFilter", "ReferenceModel", "load_reference", "_LOADED", "read_reference_text",
+        "reference_paragraphs", "export", "main", "MODEL_FILE", "REFERENCE_FILE", "TOKENIZER_FILE", "EOS",
+        "_BATCH_DOCUMENTS", "_BATCH_WINDOWS", "_CHARS_PER_TOKEN")),
+    "pii": tuple(f"filters.pii:{name}" for name in (
+        "PiiScrubber", "scrub_pii", "_scan", "_Rule", "_RULES", "_OCTET", "_luhn", "_card", "_iban", "_b64_json",
+        "_jwt", "_ssn", "_VERSION_BEFORE", "_ipv4", "_ipv6", "_phone")),
+}
+# What every source's filtering runs, whatever its steps (names in steps.py).
+PIPELINE_CODE = ("filter_steps", "filter_pipeline", "filter_counts")

@@ -244,38 +244,6 @@ class QualityModelFilter(BaseFilter):
 # The pipeline
 
 
-# The code each step runs, by its setting (a FilterConfig field): top-level names of this module (and of
-# filter_config's) that a filtered output's version hashes, so that editing one step's code makes stale only the
-# sources whose filter uses it (assets/curation/filtered.py). A step that is datatrove's own lists nothing here.
-STEP_CODE: dict[str, tuple[str, ...]] = {
-    "sample": ("SampleFilter",),
-    "url": ("UrlBlocklistFilter", "_well_formed_url", "_read_list_files"),
-    "language": ("LanguageIdFilter", "_OfflineLid176", "lid176_path"),
-    "gopher_repetition": (),
-    "gopher_quality": ("LanguageAwareGopherQuality", "_WORD", "filters.config:DEFAULT_STOP_WORDS"),
-    "c4": tuple(f"filters.c4:{name}" for name in (
-        "C4LineFilter", "_rebuilt", "_INTERFACE_LABELS", "_KEPT", "_DROPPED", "_BLANK")),
-    "fineweb": (),
-    "code": tuple(f"filters.code:{name}" for name in (
-        "CodeQualityFilter", "python_syntax", "detect_license", "_closing_bracket", "_older_line", "_name",
-        "_repository", "_MINIFIED_NAME", "_GENERATED_NAME", "_PYTHON_NAME", "_TEST_NAME", "_SPDX", "_LICENSE_TEXTS",
-        "_COMMENT_BREAK", "_COPYRIGHT", "_TYPE_PARAMS", "_TYPE_ALIAS", "_BARE_EXCEPT_TUPLE", "_FSTRING", "_MAX_REWRITES")),
-    "quality_model": ("QualityModelFilter",),
-    "toxicity": tuple(f"filters.toxicity:{name}" for name in (
-        "ToxicityFilter", "split_sentences", "judge", "_load_predict_prob", "_SENTENCE_BREAK", "_ALPHA_WORD",
-        "_BATCH_DOCUMENTS")),
-    "perplexity": tuple(f"filters.perplexity:{name}" for name in (
-        "PerplexityFilter", "ReferenceModel", "load_reference", "_LOADED", "read_reference_text",
-        "reference_paragraphs", "export", "main", "MODEL_FILE", "REFERENCE_FILE", "TOKENIZER_FILE", "EOS",
-        "_BATCH_DOCUMENTS", "_BATCH_WINDOWS", "_CHARS_PER_TOKEN")),
-    "pii": tuple(f"filters.pii:{name}" for name in (
-        "PiiScrubber", "scrub_pii", "_scan", "_Rule", "_RULES", "_OCTET", "_luhn", "_card", "_iban", "_b64_json",
-        "_jwt", "_ssn", "_VERSION_BEFORE", "_ipv4", "_ipv6", "_phone")),
-}
-# What every source's filtering runs, whatever its steps.
-PIPELINE_CODE = ("filter_steps", "filter_pipeline", "filter_counts")
-
-
 def filter_steps(config: FilterConfig, *, lists_root: Path, model_path: Path | None = None,
                  reference_dir: Path | None = None, rejected_dir: Path | None = None) -> list[PipelineStep]:
     """The filter and scrub steps for one source, in order (no reader or writer). model_path: the quality

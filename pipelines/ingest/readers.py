@@ -16,18 +16,15 @@ carries the bytes, the metadata its document would get, or why it is skipped or 
 from __future__ import annotations
 
 import fnmatch
-import os
 import tarfile
 import zlib
-from dataclasses import dataclass
-from glob import glob
 from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple
-from urllib.parse import unquote, urlparse
 
 import orjson
 
-from pipelines.inputs import GLOB_CHARS, URL_SCHEME, Input, as_input, expand_remote, input_info, input_name, open_input
+from pipelines.ingest.config import ReaderConfig
+from pipelines.inputs import Input, as_input, input_info, input_name, open_input
 from pipelines.ingest.extraction import HTML_TYPES, PLAIN_TYPES, looks_like_markup, parse_content_type
 from pipelines.ingest.warc import GZIP_MAGIC, PAYLOAD_TYPES, WarcDamage, WarcEntry, read_warc
 
@@ -38,42 +35,6 @@ TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz
 NON_DOCUMENT_SCHEMES = ("dns:", "whois:", "ntp:", "metadata:")
 # Input fields that would clash with the metadata this stage sets are kept under "original_<name>".
 RESERVED_METADATA = ("source", "url", "origin")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReaderConfig:
-    """How one source's files are read. A recipe's `sources[].reader` section (pydantic mirrors these fields)."""
-
-    # A misspelt or retired setting in the recipe is refused by name when pydantic reads it, not ignored.
-    __pydantic_config__ = {"extra": "forbid"}
-
-    text_fields: tuple[str, ...] = ("text",)  # jsonl/parquet: fields joined by "\n\n" make the text; all required
-    id_field: str = "id"  # jsonl/parquet: an id given here is kept as is (a non-string one as its str())
-    url_field: str = "url"  # jsonl/parquet: looked up at the top level, then inside "metadata"
-    include: tuple[str, ...] = ("*",)  # text: fnmatch patterns on member/file paths or names ("*.py")
-    extract_html: bool = True  # warc: HTML -> main text with trafilatura (else the decoded HTML is the text)
-    min_text_chars: int = 1  # texts shorter than this (blank edges aside) are skipped as "empty"; 0 keeps them
-    max_document_bytes: int = 8 * 2**20  # larger payloads/texts are bad as "oversized"
-    max_bad_fraction: float = 0.1  # ingest fails (BadInputError) when bad / (documents + bad) exceeds this
-    # No `workers`: ingest runs as the executor's tasks (PRETRAIN_EXECUTOR_WORKERS, PRETRAIN_EXECUTOR_TASKS); a
-    # recipe that still sets reader.workers is refused by name rather than silently ignored.
-    docs_per_shard: int = 10_000  # documents per part file (each input file's documents start a part of their own)
-
-    def __post_init__(self):
-        for name in ("text_fields", "include"):
-            value = getattr(self, name)
-            value = (value,) if isinstance(value, str) else tuple(value)
-            if not value or not all(isinstance(v, str) and v for v in value):
-                raise ValueError(f"{name} must be a non-empty list of non-empty strings, got {value!r}")
-            object.__setattr__(self, name, value)
-        if self.min_text_chars < 0:
-            raise ValueError(f"min_text_chars must be >= 0, got {self.min_text_chars}")
-        if self.max_document_bytes < 1:
-            raise ValueError(f"max_document_bytes must be >= 1, got {self.max_document_bytes}")
-        if not 0.0 <= self.max_bad_fraction <= 1.0:
-            raise ValueError(f"max_bad_fraction must be within [0, 1], got {self.max_bad_fraction}")
-        if self.docs_per_shard < 1:
-            raise ValueError(f"docs_per_shard must be >= 1, got {self.docs_per_shard}")
 
 
 class InputRecord(NamedTuple):
@@ -104,34 +65,6 @@ def shorten(text: str, limit: int = 200) -> str:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Which files
-
-
-def expand_inputs(inputs: list[str], base_dir) -> list[Input]:
-    """Paths, globs (relative to base_dir; ** recurses), file:// URIs or fsspec URLs (s3://bucket/crawl/*.warc.gz)
-    -> the existing inputs, sorted, no repeats: local ones as absolute Paths, remote ones as URLs (str)."""
-    base = Path(base_dir)
-    found: set[Input] = set()
-    for spec in inputs:
-        text = str(spec)
-        if text.startswith("file://"):
-            uri = urlparse(text)
-            if uri.netloc not in ("", "localhost"):
-                raise ValueError(f"input {spec!r}: a file:// URI must name an absolute local path (file:///...)")
-            text = unquote(uri.path)
-        elif URL_SCHEME.match(text):
-            found.update(expand_remote(text))
-            continue
-        pattern = str(base / Path(text).expanduser())
-        if GLOB_CHARS.search(text):
-            matches = [Path(p) for p in glob(pattern, recursive=True)]
-            if not matches:
-                raise ValueError(f"input pattern {spec!r} matches nothing (looked in {base})")
-            found.update(Path(os.path.abspath(p)) for p in matches)
-        elif os.path.exists(pattern):
-            found.add(Path(os.path.abspath(pattern)))
-        else:
-            raise ValueError(f"input {spec!r} does not exist (looked for {pattern})")
-    return sorted(found, key=str)
 
 
 def read_inputs(

@@ -40,7 +40,8 @@ from datatrove.pipeline.base import PipelineStep
 
 from pipelines.ingest.extraction import ExtractionTimeout, decode_text, extract_main_text
 from pipelines.inputs import Input, as_input, input_name
-from pipelines.ingest.readers import FORMATS, InputRecord, ReaderConfig, read_inputs, shorten
+from pipelines.ingest.config import ReaderConfig
+from pipelines.ingest.readers import FORMATS, InputRecord, read_inputs, shorten
 from pipelines.runner import LocalRunner, stat_totals
 from pipelines.shards import GzipLines, ShardWriter
 from storage.objects import write_atomic

@@ -28,15 +28,8 @@ from datatrove.pipeline.base import PipelineStep
 
 from pipelines.tokenization.packed_format import build_index, write_index
 from pipelines.shards import GzipLines, store_documents
-from pipelines.tokenization.tokenizer import (
-    PackingConfig,
-    TokenizerConfig,
-    bottom_sample,
-    pack_documents,
-    sample_key,
-    source_budget,
-    token_dtype,
-)
+from pipelines.tokenization.config import PackingConfig, TokenizerConfig
+from pipelines.tokenization.tokenizer import bottom_sample, pack_documents, sample_key, source_budget, token_dtype
 
 SAMPLE_COMPRESSLEVEL = 1  # intermediate files in the work folder: speed over size
 

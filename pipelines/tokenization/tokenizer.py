@@ -31,53 +31,9 @@ from typing import Iterable, Iterator
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from pipelines.tokenization.config import PackingConfig, TokenizerConfig
 from pipelines.tokenization.packed_format import SPLITS, build_index, shard_files
 UINT16_VOCAB = 1 << 16  # token ids 0..65535 fit uint16
-
-
-@dataclass(frozen=True, kw_only=True)
-class TokenizerConfig:
-    """The recipe's `tokenizer` section: train a byte-level BPE on a sample of every source, or adopt a file."""
-
-    # A misspelt or retired setting in the recipe is refused by name when pydantic reads it, not ignored.
-    __pydantic_config__ = {"extra": "forbid"}
-
-    path: str | None = None  # adopt this tokenizer.json (relative to the recipe's base_dir) instead of training
-    vocab_size: int = 8192  # training: the vocabulary, special tokens included
-    min_frequency: int = 2  # training: a merge needs at least this many occurrences
-    sample_bytes: int = 4 << 20  # training: UTF-8 bytes of text sampled, split evenly between the sources
-    seed: int = 0  # training: which documents are sampled
-    eos: str = "<|endoftext|>"  # appended after every document; added to an adopted tokenizer that lacks it
-    pad: str = "<|pad|>"
-
-    def __post_init__(self):
-        if self.vocab_size < 256 + 2:
-            raise ValueError(f"vocab_size must be >= 258 (256 bytes + EOS + PAD), got {self.vocab_size}")
-        if self.min_frequency < 1:
-            raise ValueError(f"min_frequency must be >= 1, got {self.min_frequency}")
-        if self.sample_bytes < 1:
-            raise ValueError(f"sample_bytes must be >= 1, got {self.sample_bytes}")
-        if not self.eos or not self.pad or self.eos == self.pad:
-            raise ValueError(f"eos and pad must be two different non-empty strings, got {self.eos!r} and {self.pad!r}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class PackingConfig:
-    """The recipe's `packing` section."""
-
-    # A misspelt or retired setting in the recipe is refused by name when pydantic reads it, not ignored.
-    __pydantic_config__ = {"extra": "forbid"}
-
-    val_fraction: float = 0.01  # share of documents held out for validation (chosen by a hash of the id)
-    split_seed: int = 0
-    batch_documents: int = 1024  # documents per encode call: bounds memory, gives the tokenizer's threads work
-    batch_bytes: int = 16 << 20  # ... or fewer when they are large
-
-    def __post_init__(self):
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be within [0, 1), got {self.val_fraction}")
-        if self.batch_documents < 1 or self.batch_bytes < 1:
-            raise ValueError(f"batch_documents and batch_bytes must be >= 1, got {self.batch_documents}, {self.batch_bytes}")
 
 
 # ---------------------------------------------------------------------------------------------------------------

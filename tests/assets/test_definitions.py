@@ -4,6 +4,7 @@ use what was edited."""
 
 import copy
 import importlib
+import json
 import re
 
 from dagster import AssetKey, Definitions
@@ -34,6 +35,28 @@ def test_real_defs_load():
         assert code_refs(node) == ["assets.curation.raw_crawl"]
         assert node.parent_keys == {AssetKey(["curation", key.path[1], "inputs"])}  # the observed input files
         assert node.description
+
+
+# What the code location must not import as it loads: each costs the UI, the daemon and every `pretrain` command
+# its import time (numpy ~0.1 s, datatrove's io ~0.15 s through fsspec and huggingface_hub, tokenizers, torch
+# seconds). Asset modules import engine configs at the top and the engines where an asset runs.
+HEAVY_AT_LOAD = ("numpy", "datatrove", "tokenizers", "xxhash", "warcio", "trafilatura", "torch", "deepspeed",
+                 "pyarrow", "pandas", "fasttext", "great_expectations")
+
+
+def test_loading_the_code_location_imports_no_engine_library():
+    import subprocess
+    import sys
+
+    code = ("import json, sys\n"
+            "import assets.definitions\n"
+            "keys = {k.to_user_string() for k in assets.definitions.defs.resolve_asset_graph().get_all_asset_keys()}\n"
+            "assert {'curation/deduplicated', 'mixing/mix_sweep', 'training/main'} <= keys, sorted(keys)\n"
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n")
+    out = subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, capture_output=True, text=True)
+    loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert "dagster" in loaded  # the check sees what was imported
+    assert sorted(loaded & set(HEAVY_AT_LOAD)) == []
 
 
 def _code_versions(recipe_path) -> dict[str, str]:

@@ -140,7 +140,7 @@ def test_a_new_dump_builds_only_its_partitions_and_keeps_what_was_kept(crawl, mo
     assert all(state == "fresh" for key, (state, _) in rows.items() if "tokenization" in key or "curation" in key), rows
 
     # The kept documents equal one sequential run over the news source and all four dumps, in order.
-    from pipelines.dedup.minhash import DedupConfig
+    from pipelines.dedup.config import DedupConfig
     from pipelines.dedup.sequential import deduplicate_sequential
     from pipelines.dedup.steps import Shard
 

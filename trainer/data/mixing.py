@@ -32,42 +32,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from trainer.data.config import MixingConfig
 
-@dataclass(frozen=True, kw_only=True)
-class MixingConfig:
-    prior: dict[str, float]  # source -> prior weight (normalised here)
-    candidates: int = 16  # proxy runs in a sweep
-    concentration: float = 10.0  # Dirichlet α = concentration × prior: higher = closer to the prior
-    seed: int = 0
-    search_samples: int = 100_000  # mixtures scored by the fitted regression when picking the best
-    # The best mixture is the mean of the top_k scored mixtures (RegMix): the single best sample sits where the
-    # fit extrapolates furthest (with the linear fallback, at the edge of the search), their mean is steadier.
-    top_k: int = 100
-    ridge: float = 1e-3
-    min_weight: float = 0.0  # a source below this weight in the best mixture is set to it (then renormalised)
 
-    def __post_init__(self):
-        if not self.prior:
-            raise ValueError("mixing.prior: give at least one source and its weight")
-        bad = {k: v for k, v in self.prior.items() if not np.isfinite(v) or v < 0}
-        if bad or sum(self.prior.values()) <= 0:
-            raise ValueError(f"mixing.prior: weights must be finite, >= 0 and not all zero, got {self.prior}")
-        if self.top_k < 1:
-            raise ValueError(f"mixing.top_k must be >= 1, got {self.top_k}")
-        if self.candidates < 2:
-            raise ValueError(f"mixing.candidates must be >= 2, got {self.candidates}")
-        if self.concentration <= 0:
-            raise ValueError(f"mixing.concentration must be > 0, got {self.concentration}")
-        if not 0 <= self.min_weight < 1 / len(self.prior):
-            raise ValueError(f"mixing.min_weight must be in [0, 1/{len(self.prior)}), got {self.min_weight}")
-
-    @property
-    def sources(self) -> list[str]:
-        return sorted(self.prior)
-
-    def prior_vector(self) -> np.ndarray:
-        w = np.array([self.prior[s] for s in self.sources], dtype=np.float64)
-        return w / w.sum()
+def _prior(cfg: MixingConfig) -> np.ndarray:
+    w = np.array([cfg.prior[s] for s in cfg.sources], dtype=np.float64)
+    return w / w.sum()
 
 
 # Random streams of one seed: the base sweep's draws, the best-mixture search pool, each tick's draws.
@@ -76,7 +46,7 @@ SWEEP_STREAM, SEARCH_STREAM, TICK_STREAM = 0, 1, 2
 
 def _dirichlet(cfg: MixingConfig, n: int, *stream: int) -> np.ndarray:
     # A zero prior weight would give a degenerate Dirichlet: such a source is simply never mixed in.
-    alpha = cfg.concentration * cfg.prior_vector()
+    alpha = cfg.concentration * _prior(cfg)
     live = alpha > 0
     out = np.zeros((n, len(alpha)))
     out[:, live] = np.random.default_rng([cfg.seed, *stream]).dirichlet(alpha[live], size=n)
@@ -94,7 +64,7 @@ def candidate_mixtures(cfg: MixingConfig, tick: int | None = None) -> list[dict[
     A scheduled tick (a whole number, e.g. its time in epoch seconds): `candidates` fresh draws seeded by
     (seed, tick), none of them the prior, which the base sweep has run."""
     if tick is None:
-        rows = np.vstack([cfg.prior_vector()[None], _dirichlet(cfg, cfg.candidates - 1, SWEEP_STREAM)])
+        rows = np.vstack([_prior(cfg)[None], _dirichlet(cfg, cfg.candidates - 1, SWEEP_STREAM)])
     else:
         if tick < 0:
             raise ValueError(f"a tick seeds the draw and must be >= 0, got {tick}")
@@ -205,7 +175,7 @@ def best_mixture(fit: MixtureFit, cfg: MixingConfig, max_weights: dict[str, floa
     inside = np.all((drawn >= runs.min(axis=0)) & (drawn <= runs.max(axis=0)), axis=1)
     pool = np.vstack([runs, drawn[inside]])
     if cfg.min_weight > 0:
-        live = cfg.prior_vector() > 0
+        live = _prior(cfg) > 0
         pool[:, live] = np.maximum(pool[:, live], cfg.min_weight)
         pool /= pool.sum(axis=1, keepdims=True)
     scored = len(pool)

@@ -20,7 +20,8 @@ from tokenizers import Tokenizer
 
 from assets.cli import main
 from assets.recipe import DEMO_RECIPE
-from pipelines.tokenization.tokenizer import PackingConfig, is_val
+from pipelines.tokenization.config import PackingConfig
+from pipelines.tokenization.tokenizer import is_val
 from trainer.data.mixture import PackedSource
 
 SOURCE = "pages"

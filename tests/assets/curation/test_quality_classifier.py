@@ -21,7 +21,7 @@ from assets.core.upstream import Output
 from assets.core.versioning import code_version
 from assets.recipe import DEMO_RECIPE, Recipe, load_recipe
 from pipelines.filters.quality import QualityClassifierConfig, QualityScorer
-from pipelines.ingest.readers import ReaderConfig
+from pipelines.ingest.config import ReaderConfig
 from pipelines.ingest.step import ingest_source
 
 

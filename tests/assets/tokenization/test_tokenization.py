@@ -12,7 +12,8 @@ from dagster import AssetKey, DagsterInstance
 from assets.cli import main
 from assets.recipe import DEMO_RECIPE
 from pipelines.shards import iter_documents
-from pipelines.tokenization.tokenizer import PackingConfig, is_val
+from pipelines.tokenization.config import PackingConfig
+from pipelines.tokenization.tokenizer import is_val
 from tests.assets.test_staleness_demo import first_lines
 from trainer.data.mixture import DataConfig, MixtureDataset, PackedSource
 

@@ -10,7 +10,8 @@ from dagster import AssetKey, AssetMaterialization
 
 from assets.core.upstream import Output
 from pipelines.tokenization.packed_format import build_index, write_index
-from pipelines.tokenization.tokenizer import PackingConfig, TokenizerConfig, adopt_tokenizer, pack_documents
+from pipelines.tokenization.config import PackingConfig, TokenizerConfig
+from pipelines.tokenization.tokenizer import adopt_tokenizer, pack_documents
 from storage.manifest import commit_folder
 from tests.assets.training.test_inputs import committed
 from tests.conftest import SHARED_DATA

@@ -4,7 +4,7 @@ from S3 equal to the same parts on disk."""
 
 
 from pipelines.runner import LocalRunner
-from pipelines.decontam.index import DecontamConfig
+from pipelines.decontam.config import DecontamConfig
 from pipelines.decontam.steps import DecontamShards, decontam_counts, write_report, written_files
 from pipelines.shards import iter_documents
 from storage.local import LocalStore

@@ -13,7 +13,8 @@ import pytest
 import xxhash
 
 from pipelines.dedup.index import IndexPart, open_earlier
-from pipelines.dedup.minhash import DedupConfig, MinHasher, WordHasher, ngram_hashes, normalized_words
+from pipelines.dedup.config import DedupConfig
+from pipelines.dedup.minhash import MinHasher, WordHasher, ngram_hashes, normalized_words
 from pipelines.dedup.sequential import deduplicate_sequential
 from pipelines.runner import LocalRunner
 from storage.factory import open_store

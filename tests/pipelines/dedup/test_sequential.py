@@ -15,7 +15,8 @@ import orjson
 import pytest
 import xxhash
 
-from pipelines.dedup.minhash import DedupConfig, MinHasher, WordHasher, ngram_hashes, normalized_words
+from pipelines.dedup.config import DedupConfig
+from pipelines.dedup.minhash import MinHasher, WordHasher, ngram_hashes, normalized_words
 from pipelines.dedup.sequential import IndexPart, deduplicate_sequential
 from pipelines.dedup.stage import deduplicate
 from pipelines.runner import LocalRunner

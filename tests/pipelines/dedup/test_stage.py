@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from datatrove.pipeline.base import PipelineStep
 
-from pipelines.dedup.minhash import DedupConfig
+from pipelines.dedup.config import DedupConfig
 from pipelines.dedup.stage import deduplicate
 from pipelines.runner import LocalRunner
 from pipelines.dedup.steps import Shard

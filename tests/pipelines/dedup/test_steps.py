@@ -8,7 +8,8 @@ import numpy as np
 import orjson
 import pytest
 
-from pipelines.dedup.minhash import DedupConfig, MinHasher
+from pipelines.dedup.config import DedupConfig
+from pipelines.dedup.minhash import MinHasher
 from pipelines.dedup.stage import write_unit_index
 from pipelines.dedup.steps import DedupBuckets, DedupSignatures, Shard, bucket_units, output_names, unit_file
 from storage.local import LocalStore

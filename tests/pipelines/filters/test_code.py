@@ -13,7 +13,6 @@ from assets.recipe import load_recipe
 from pipelines.filters.code import CodeQualityFilter, detect_license, python_syntax
 from pipelines.filters.config import CodeConfig, GopherQualityConfig
 from pipelines.filters.steps import LanguageAwareGopherQuality, filter_steps
-from pipelines.ingest.readers import ReaderConfig
 from pipelines.ingest.step import ingest_source
 from pipelines.shards import iter_documents
 

@@ -27,7 +27,8 @@ from pipelines.filters.perplexity import (
     reference_paragraphs,
 )
 from pipelines.ingest.warc import WarcEntry, read_warc
-from pipelines.tokenization.tokenizer import TokenizerConfig, train_tokenizer
+from pipelines.tokenization.config import TokenizerConfig
+from pipelines.tokenization.tokenizer import train_tokenizer
 from tests.conftest import REPO, SHARED_DATA
 
 

@@ -308,7 +308,8 @@ def web_boilerplate(shared_data, pages: int) -> list[str]:
     """The boilerplate of the first `pages` HTML pages of the web crawl: each page's main text extracted as ingest
     does, then the lines of its visible text that the extraction dropped."""
     from pipelines.ingest.extraction import decode_text, extract_main_text
-    from pipelines.ingest.readers import ReaderConfig, read_inputs
+    from pipelines.ingest.config import ReaderConfig
+    from pipelines.ingest.readers import read_inputs
 
     found = []
     for record in read_inputs("web", [shared_data / "crawl" / "web-pages.warc.gz"], "warc", ReaderConfig(),

@@ -11,8 +11,8 @@ from datatrove.data import Document
 from datatrove.pipeline.filters import GopherQualityFilter
 
 from pipelines.runner import LocalRunner
+from pipelines.filters.config import STEP_CODE
 from pipelines.filters.steps import (
-    STEP_CODE,
     C4Config,
     FilterConfig,
     FineWebConfig,
@@ -27,7 +27,7 @@ from pipelines.filters.steps import (
     lid176_path,
 )
 from pipelines.ingest.step import ingest_source
-from pipelines.ingest.readers import ReaderConfig
+from pipelines.ingest.config import ReaderConfig
 from pipelines.shards import iter_documents
 
 REPO = Path(__file__).resolve().parents[3]

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.ingest.readers import InputRecord, ReaderConfig, expand_inputs, read_inputs
+from pipelines.ingest.config import ReaderConfig
+from pipelines.ingest.readers import InputRecord, read_inputs
 
 DATA = Path(__file__).resolve().parents[4] / "shared" / "data"
 CRAWL = DATA / "crawl"
@@ -24,31 +25,6 @@ def read(inputs: list[Path], fmt: str, reader: ReaderConfig = ReaderConfig(), na
     sizes: list[int] = []
     records = list(read_inputs(name, inputs, fmt, reader, count_bytes=sizes.append))
     return records, sizes
-
-
-def test_expand_inputs(tmp_path):
-    specs = ["crawl/dolma_sample-*.warc.gz", f"file://{CRAWL / 'web-pages.warc.gz'}", "crawl/dolma_sample-0000.warc.gz"]
-    found = expand_inputs(specs, DATA)
-    assert [p.name for p in found] == ["dolma_sample-0000.warc.gz", "dolma_sample-0001.warc.gz", "web-pages.warc.gz"]
-    assert all(p.is_absolute() for p in found)
-    with pytest.raises(ValueError, match="crawl/nothing-\\*.warc.gz"):
-        expand_inputs(["crawl/nothing-*.warc.gz"], DATA)
-    with pytest.raises(ValueError, match="missing.jsonl"):
-        expand_inputs(["missing.jsonl"], DATA)
-    # URLs go to fsspec (tests/pipelines/test_inputs.py: S3); a scheme it does not know is named.
-    with pytest.raises(ValueError, match="nosuchscheme://bucket/x.warc.gz"):
-        expand_inputs(["nosuchscheme://bucket/x.warc.gz"], DATA)
-
-
-def test_reader_config_normalizes_and_validates():
-    assert ReaderConfig(text_fields="question", include=["*.py", "*.md"]).text_fields == ("question",)
-    assert ReaderConfig(include=["*.py", "*.md"]).include == ("*.py", "*.md")
-    for bad in ({"text_fields": ()}, {"include": ("",)}, {"min_text_chars": -1}, {"max_document_bytes": 0},
-                {"max_bad_fraction": 1.5}, {"docs_per_shard": 0}):
-        with pytest.raises(ValueError, match=next(iter(bad))):
-            ReaderConfig(**bad)
-    with pytest.raises(TypeError, match="workers"):  # the executor's setting now, not the reader's
-        ReaderConfig(workers=2)
 
 
 def test_warc_records_carry_payloads_undecoded():

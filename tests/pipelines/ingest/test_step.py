@@ -19,7 +19,8 @@ from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
 from pipelines.ingest.step import BadInputError, IngestStats, IngestStep, ingest_source
-from pipelines.ingest.readers import ReaderConfig, expand_inputs
+from pipelines.ingest.config import ReaderConfig
+from pipelines.inputs import expand_inputs
 from pipelines.shards import iter_documents
 
 REPO = Path(__file__).resolve().parents[3]

@@ -24,7 +24,8 @@ from pipelines.tokenization.pack import (
 )
 from pipelines.tokenization.packed_format import INDEX_FILE
 from pipelines.shards import store_documents
-from pipelines.tokenization.tokenizer import PackingConfig, TokenizerConfig, adopt_tokenizer, is_val, sample_texts
+from pipelines.tokenization.config import PackingConfig, TokenizerConfig
+from pipelines.tokenization.tokenizer import adopt_tokenizer, is_val, sample_texts
 from storage.local import LocalStore
 from tests.conftest import SHARED_DATA
 

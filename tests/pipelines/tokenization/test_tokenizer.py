@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from pipelines.ingest.step import ingest_source
-from pipelines.ingest.readers import ReaderConfig, expand_inputs
+from pipelines.ingest.config import ReaderConfig
+from pipelines.inputs import expand_inputs
 from pipelines.shards import iter_documents
+from pipelines.tokenization.config import PackingConfig, TokenizerConfig
 from pipelines.tokenization.tokenizer import (
-    PackingConfig,
-    TokenizerConfig,
     adopt_tokenizer,
     bottom_sample,
     for_packing,
@@ -184,12 +184,3 @@ def test_large_vocabularies_pack_as_uint32(tmp_path, corpus):
     assert stats.dtype == "uint32"
     tokens, offsets = read_split(tmp_path, "train", np.uint32)
     assert tokenizer.decode(tokens[: offsets[1] - 1].tolist()) == corpus["math"][0]["text"]
-
-
-def test_bad_settings_are_refused():
-    with pytest.raises(ValueError, match="val_fraction"):
-        PackingConfig(val_fraction=1.0)
-    with pytest.raises(ValueError, match="eos and pad"):
-        TokenizerConfig(eos="<x>", pad="<x>")
-    with pytest.raises(ValueError, match="vocab_size"):
-        TokenizerConfig(vocab_size=100)

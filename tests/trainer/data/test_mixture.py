@@ -14,7 +14,8 @@ import pytest
 
 import storage.manifest as storage_manifest
 from pipelines.tokenization.packed_format import build_index, shard_files, write_index
-from pipelines.tokenization.tokenizer import PackingConfig, TokenizerConfig, adopt_tokenizer, pack_documents
+from pipelines.tokenization.config import PackingConfig, TokenizerConfig
+from pipelines.tokenization.tokenizer import adopt_tokenizer, pack_documents
 from storage.manifest import commit_folder
 from storage.factory import open_store
 from trainer.data.mixture import BLEND_BLOCK, DataConfig, MixtureDataset, NoDocuments, PackedSource, blend_index, rank_indices

@@ -112,7 +112,8 @@ def test_a_checkpoint_is_evaluated_by_the_module_entry_point(tmp_path):
     import json
     import os
 
-    from pipelines.tokenization.tokenizer import PackingConfig, TokenizerConfig, adopt_tokenizer, pack_documents
+    from pipelines.tokenization.config import PackingConfig, TokenizerConfig
+    from pipelines.tokenization.tokenizer import adopt_tokenizer, pack_documents
     from storage.manifest import commit_folder
     from storage.factory import open_store
     from trainer.config import RunConfig, from_dict
