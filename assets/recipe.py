@@ -34,6 +34,9 @@ from pipelines.filters.quality import QualityClassifierConfig
 from pipelines.tokenization.config import PackingConfig, TokenizerConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# libyaml's loader where PyYAML was built with it (the wheels are): the same documents, ~10x faster than the pure
+# Python one, which took 0.05 s of each load of the code location at 100 sources and 0.5 s at 1,000.
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 DEMO_RECIPE = REPO_ROOT / "recipes" / "demo.yaml"
 
 # Reader settings that never change what ingest produces: the threshold only decides whether to fail. Leaving
@@ -357,7 +360,7 @@ def load_recipe(path: str | os.PathLike | None = None) -> Recipe:
     if not path.is_file():
         raise RecipeError(f"{path}: recipe file not found")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=YAML_LOADER)
     except yaml.YAMLError as exc:
         raise RecipeError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
