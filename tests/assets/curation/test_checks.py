@@ -17,12 +17,12 @@ import pytest
 import yaml
 from dagster import AssetCheckKey, AssetKey, DagsterInstance, DagsterRunStatus
 
-import assets.curation.decontaminated
 import assets.curation.checks
 from assets.curation.checks import (BENCHMARK_CHECK, DOCUMENTS_CHECK, UNIQUE_IDS, UniqueIds, documents_check,
                                     language_counts, read_documents, seeded_sample, validate_documents)
 from assets.cli import main
 from assets.recipe import DEMO_RECIPE, ChecksConfig
+import pipelines.decontam.steps
 from pipelines.decontam.index import BenchmarkIndex
 from pipelines.filters.steps import CodeConfig, FilterConfig, LanguageConfig, PiiConfig
 from storage.local import LocalStore
@@ -267,7 +267,7 @@ def test_a_surviving_benchmark_ngram_fails_the_blocking_check_and_nothing_is_pac
     select = ["materialize", "--select", f"+tokenization/{SOURCE}/packed", "--jobs", "1"]
 
     # No recipe setting lets a matching document through, so the engine is broken on purpose: an empty index.
-    real = assets.curation.decontaminated.DecontamShards
+    real = pipelines.decontam.steps.DecontamShards
 
     def remove_nothing(*, index_path, **kwargs):  # the scan's tasks load an empty index; the check the real one
         index = BenchmarkIndex.load(index_path)
@@ -276,7 +276,8 @@ def test_a_surviving_benchmark_ngram_fails_the_blocking_check_and_nothing_is_pac
         return real(index_path=str(tmp_path / "empty.index"), **kwargs)
 
     with monkeypatch.context() as patch:
-        patch.setattr(assets.curation.decontaminated, "DecontamShards", remove_nothing)
+        # The asset imports the scan where it runs: patched in the engine module, it runs this one.
+        patch.setattr(pipelines.decontam.steps, "DecontamShards", remove_nothing)
         assert main(select) == 1
     assert last_run_status() == DagsterRunStatus.FAILURE
     [first] = materializations(DECONTAMINATED)  # the output is committed and recorded: the check judges it
