@@ -15,6 +15,7 @@ resources/executor.py runs the same sequence on Ray and Slurm; this module impor
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import shutil
@@ -189,7 +190,7 @@ class WorkerPool:
         context = multiprocess.get_context("spawn")
         self.pid, self.size = os.getpid(), size
         self.next = context.Value("q", 0)  # the index of the next unclaimed task of the current run
-        self.pool = context.Pool(size, initializer=_start_helper, initargs=(self.next,))
+        self.pool = _helper_pool_class()(size, initializer=_start_helper, initargs=(self.next,), context=context)
         self.processes = list(self.pool._pool)  # the helpers as started: one that is gone has died
         self.busy = threading.Lock()  # one run at a time: the counter belongs to it
         atexit.register(self.close)
@@ -236,12 +237,30 @@ class WorkerPool:
                 raise errors[0]
 
 
+@functools.cache
+def _helper_pool_class():
+    """multiprocess's Pool, whose terminate() ends each helper with SIGKILL, not SIGTERM. A helper inherits this
+    process's ignored signals (a shell's background job ignores SIGTERM) until its initializer sets SIGTERM back to
+    the default; a pool closed while a helper was still starting (started and closed at once, or a dead helper's
+    replacement) sent it a SIGTERM it never heard, then waited for it forever (seen twice in one suite run). A
+    helper holds nothing to clean up: the default SIGTERM would not have let it either."""
+    import multiprocess.pool
+
+    class HelperPool(multiprocess.pool.Pool):
+        @staticmethod
+        def Process(ctx, *args, **kwds):
+            process = ctx.Process(*args, **kwds)
+            process.terminate = process.kill
+            return process
+
+    return HelperPool
+
+
 def _start_helper(counter) -> None:
     global _COUNTER
     _COUNTER = counter
-    # A spawned process inherits ignored signals: started from a shell that ignores SIGTERM (a background job, nohup),
-    # a helper that Pool.terminate() signals lived on, and closing a pool whose helper had died and been replaced
-    # waited for it forever (seen in the test suite). The pool ends its helpers with SIGTERM: they must hear it.
+    # A spawned process inherits ignored signals: started from a shell that ignores SIGTERM (a background job,
+    # nohup), a helper would outlive a SIGTERM sent to the whole process group (a service manager stopping it).
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     import importlib
 

@@ -155,8 +155,7 @@ def test_a_helper_that_dies_fails_the_run_naming_it_and_the_next_run_gets_a_new_
 
 def test_helpers_hear_sigterm_even_when_this_process_ignores_it(tmp_path):
     """A process started where SIGTERM is ignored (a shell's background job, nohup) passes that on to the helpers it
-    spawns, and the pool ends its helpers with SIGTERM: closing a pool whose dead helper had just been replaced waited
-    for the new one forever (seen once in the suite, in the test above). Helpers set SIGTERM back to its default."""
+    spawns; a helper sets SIGTERM back to its default, so that a SIGTERM to the process group stops it too."""
     WorkerPool.close_all()
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
@@ -173,8 +172,32 @@ def test_helpers_hear_sigterm_even_when_this_process_ignores_it(tmp_path):
 
         assert ignores_sigterm(os.getpid())  # what the helpers inherited
         assert helpers and not any(ignores_sigterm(p.pid) for p in helpers)
-        pool.pool.terminate()  # SIGTERM to each helper, then join: returns only once they are gone
-        assert all(p.exitcode == -signal.SIGTERM for p in helpers)
+        pool.pool.terminate()  # ends each helper, then joins: returns only once they are gone
+        assert all(p.exitcode == -signal.SIGKILL for p in helpers)
     finally:
         signal.signal(signal.SIGTERM, previous)
         WorkerPool.close_all()
+
+
+def test_a_pool_closed_while_its_helpers_still_start_ends_them_where_this_process_ignores_sigterm():
+    """Until its initializer runs, a helper ignores SIGTERM as this process does; Pool.terminate() sent SIGTERM and
+    then waited: a pool started and closed at once (`pretrain materialize`'s early start, then an error) or a dead
+    helper's replacement waited forever (twice in one suite run). The pool ends its helpers with SIGKILL."""
+    import threading
+
+    WorkerPool.close_all()
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    helpers = []
+    try:
+        pool = WorkerPool(2)
+        helpers = list(pool.pool._pool)
+        closer = threading.Thread(target=pool.close, daemon=True)
+        closer.start()  # at once: the helpers are still starting (importing, before their initializer)
+        closer.join(timeout=60)
+        assert not closer.is_alive(), "closing the pool waited for a helper that never heard its signal"
+        assert [p.exitcode for p in helpers] == [-signal.SIGKILL] * 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for p in helpers:  # a failed run leaves none behind
+            if p.exitcode is None:
+                os.kill(p.pid, signal.SIGKILL)
