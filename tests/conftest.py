@@ -48,6 +48,21 @@ def pretrain_home(tmp_path, monkeypatch) -> Path:
     return home
 
 
+@pytest.fixture(autouse=True)
+def sigterm_as_it_was():
+    """Dagster run in this process (`pretrain materialize --jobs 1`, execute_in_process) sets SIGTERM to SIGINT's
+    handler and leaves it so. Where SIGINT is ignored, as in a shell's background job, SIGTERM was then ignored for
+    the rest of that worker's tests, and every process a later test started inherited it: `make ui` outlived its
+    SIGTERM, and datatrove's pool in bench/ingest.py joined workers that never heard theirs (both seen in a suite
+    run in the background). Each test gets back the SIGTERM handler it started with."""
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    yield
+    if before is not None and signal.getsignal(signal.SIGTERM) != before:
+        signal.signal(signal.SIGTERM, before)
+
+
 @pytest.fixture
 def shared_data() -> Path:
     assert SHARED_DATA.is_dir(), f"the shared data is expected at {SHARED_DATA}"

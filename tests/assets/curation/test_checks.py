@@ -275,6 +275,8 @@ def test_a_surviving_benchmark_ngram_fails_the_blocking_check_and_nothing_is_pac
         empty.save(tmp_path / "empty.index")
         return real(index_path=str(tmp_path / "empty.index"), **kwargs)
 
+    remove_nothing.name = real.name  # the stage's counts are read back under the step's name
+
     with monkeypatch.context() as patch:
         # The asset imports the scan where it runs: patched in the engine module, it runs this one.
         patch.setattr(pipelines.decontam.steps, "DecontamShards", remove_nothing)
