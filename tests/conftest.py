@@ -49,18 +49,22 @@ def pretrain_home(tmp_path, monkeypatch) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def sigterm_as_it_was():
-    """Dagster run in this process (`pretrain materialize --jobs 1`, execute_in_process) sets SIGTERM to SIGINT's
-    handler and leaves it so. Where SIGINT is ignored, as in a shell's background job, SIGTERM was then ignored for
-    the rest of that worker's tests, and every process a later test started inherited it: `make ui` outlived its
-    SIGTERM, and datatrove's pool in bench/ingest.py joined workers that never heard theirs (both seen in a suite
-    run in the background). Each test gets back the SIGTERM handler it started with."""
+def sigterm_heard():
+    """Dagster run in this process (`pretrain materialize --jobs 1`, `materialize()`, a shared fixture's build) sets
+    SIGTERM to SIGINT's handler and leaves it so. Where SIGINT is ignored, as in a shell's background job, SIGTERM
+    was then ignored for the rest of that worker's tests, and every process a later test started inherited it:
+    `make ui` outlived its SIGTERM, and a multiprocessing pool's terminate() (datatrove's in bench/ingest.py,
+    lm-eval's bootstrap) joined workers that never heard theirs, forever (all seen in suites run in the
+    background). Each test starts with SIGTERM at its default if it was ignored, and leaves it so."""
     import signal
 
-    before = signal.getsignal(signal.SIGTERM)
+    def heard():
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    heard()
     yield
-    if before is not None and signal.getsignal(signal.SIGTERM) != before:
-        signal.signal(signal.SIGTERM, before)
+    heard()
 
 
 @pytest.fixture
