@@ -26,6 +26,7 @@ from assets.dumps import dump_partitioned
 from assets.plots import bar_chart
 from assets.recipe import Recipe, SourceConfig
 from pipelines.decontam.config import DecontamConfig
+from pipelines.inputs import expand_inputs
 from storage.manifest import data_version_of
 
 if TYPE_CHECKING:  # the engine is imported where the asset runs, not when the code location loads
@@ -38,7 +39,6 @@ def decontaminated_key(source_name: str) -> AssetKey:
 
 def benchmark_files(recipe: Recipe) -> list[Path]:
     """The recipe's benchmark files (globs allowed), relative to its base_dir. ValueError names a missing one."""
-    from pipelines.inputs import expand_inputs
     if not recipe.decontamination.benchmarks:
         return []
     try:

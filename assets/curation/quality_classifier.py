@@ -14,7 +14,13 @@ from assets.core.upstream import Output
 from assets.core.versioning import file_fingerprints
 from assets.curation.raw_crawl import raw_crawl_key
 from assets.recipe import Recipe
-from pipelines.filters.quality import QualityClassifierConfig
+from pipelines.filters.quality import (
+    MODELS,
+    QualityClassifierConfig,
+    boilerplate,
+    read_labelled,
+    train_quality_classifier,
+)
 
 CLASSIFIER_KEY = AssetKey(["curation", "quality_classifier"])
 MODEL_FILE = "model.npy"
@@ -43,7 +49,6 @@ def quality_classifier_asset(recipe: Recipe, config: QualityClassifierConfig):
         return [doc for part in parts for doc in iter_documents(part)]
 
     def build(inputs: Inputs, out_dir) -> dict:
-        from pipelines.filters.quality import MODELS, read_labelled, train_quality_classifier
         files = inputs.extra["files"]
         negatives = [files[name].read_text(errors="replace") for name in config.negative_files]
         for name in config.negative_sources:
@@ -107,7 +112,6 @@ def source_boilerplate(recipe: Recipe, name: str, docs: list[dict]) -> dict[str,
     """{document id: the lines its extraction dropped} for each HTML page of source `name` that raw_crawl kept
     (`docs`, its documents). The page is read again from the source's inputs; its main text is the document of
     the same id. Pages with nothing dropped are left out."""
-    from pipelines.filters.quality import boilerplate
     from pipelines.ingest.extraction import decode_text
     from pipelines.ingest.readers import read_inputs
     source = recipe.source(name)

@@ -18,6 +18,7 @@ from assets.plots import bar_chart
 from assets.dumps import dump_partitioned, dumps_partitions
 from assets.recipe import Recipe, SourceConfig
 from assets.tokenization.tokenizer import TOKENIZER_FILE, tokenizer_key
+from pipelines.runner import stat_totals
 from pipelines.tokenization.config import PackingConfig
 from storage.manifest import data_version_of
 
@@ -43,7 +44,6 @@ def pack_parts(inputs: Inputs, keys: list[str], tokenizer: Output, out_dir: Path
     asset's build; the filter ablations pack their arms' documents the same way (assets/curation/ablation.py)."""
     from tokenizers import Tokenizer
 
-    from pipelines.runner import stat_totals
     from pipelines.tokenization.pack import PackIndex, PackShards, shard_name, split_counts
     from pipelines.tokenization.packed_format import INDEX_FILE
     info = tokenizer.manifest["tokenizer"]

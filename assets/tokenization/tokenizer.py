@@ -29,6 +29,7 @@ from assets.core.upstream import Output, OutputNotFound, latest_output
 from assets.dumps import dumps_partitions
 from assets.core.versioning import file_fingerprints
 from assets.recipe import Recipe
+from pipelines.runner import stat_totals
 from storage.manifest import read_manifest
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -92,7 +93,6 @@ def tokenizer_asset(recipe: Recipe, upstream_key: Callable[[str], AssetKey]):
         return found
 
     def build(inputs: Inputs, out_dir: Path) -> dict:
-        from pipelines.runner import stat_totals
         from pipelines.tokenization.pack import SampleShards, merged_sample
         from pipelines.tokenization.tokenizer import adopt_tokenizer, round_trip_failures, special_ids, train_tokenizer
         if adopt:
