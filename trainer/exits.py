@@ -3,8 +3,7 @@
 
     0  CLEAN        the token budget is reached
     2  CONFIG       a bad config, or a checkpoint this config cannot resume (e.g. another batch.global_batch)
-    3  GUARD_STOP   the spike guard stops the run (a rollback with no checkpoint before the spike, or too many
-                    skipped steps)
+    3  GUARD_STOP   the spike guard stops the run (too many skipped steps or rollbacks)
     4  HANG         the step watchdog ended a hang (trainer.health.watchdog); a restart resumes
     5  SDC          one rank gave corrupt figures too often (trainer.health.rank_checks); restarting on the same node
                     cannot help

@@ -8,7 +8,8 @@ the DeepSpeed engine and the optimizer are the TrainModule's (trainer.train_modu
 the TrainModule's DeepSpeed files and, in trainer.json, the state_dict() of TrainState (step, tokens,
 the global sample index, which is the data loader's whole state, the skipped data windows) and of every
 callback that has one (guard, sdc, canary). The guard's rollback restores the newest checkpoint before
-the spike, then jumps the data over the window.
+the spike, or the run's initial state where there is none (rebuilt from the seed), then jumps the data over the
+window.
 
 SIGINT or SIGTERM (a stopped Dagster run, scancel, a Slurm time limit or preemption) asks the run to stop: each
 rank notes it, the ranks agree on it through the step's one gather of per-rank figures (a rank that stopped a step
@@ -21,6 +22,7 @@ callbacks), and resume, rollback and evaluation change the same state it does; s
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -172,6 +174,9 @@ class Trainer:
             # post_update runs health, stragglers, guard, SDC, canary; post_step logs, then checkpoints.
             self.callbacks += [CanaryCallback(self), SDCCallback(self), GuardCallback(self.guard),
                                StragglerCallback(self), health, CheckpointCallback(), MetricsCallback()]
+            # The named states before the first step: a rollback with no checkpoint before its spike goes back to
+            # them (rollback_to_start), so the state at step 0 never needs a checkpoint of its own.
+            self._initial_states = {name: copy.deepcopy(obj.state_dict()) for name, obj in self.stateful().items()}
             self._resume_or_start(begun)
         except BaseException:
             self.close(ok=False)
@@ -197,17 +202,7 @@ class Trainer:
         if point is not None:
             self.checkpointer.check_batch(point, cfg)
         if point is None and cfg.init_from:
-            # A new stage continues from the stage before: its weights, a fresh optimizer and schedule.
-            from trainer.checkpoint.store import local_step
-            from trainer.checkpoint.weights import load_initial_weights
-
-            cache = Path(cfg.output_dir) / "init_from"
-            if self.dist.rank == 0:
-                local_step(cfg.init_from, cache)  # one download from the object store, then every rank reads it
-            if self.dist.world_size > 1:
-                torch_dist.barrier()
-            weights_of = load_initial_weights(self.model, cfg.init_from, cache)
-            self.metrics.log_event({"event": "initialized", "from": cfg.init_from, "step": weights_of["step"]})
+            self._load_init_from()
         if start is not None:  # a split model's step loads into the same split only
             check_layout(start, cfg)
         # The engine must know before it is built whether it loads shards of another world size.
@@ -224,6 +219,20 @@ class Trainer:
                                     "universal": universal})
         self.metrics.train_tokens = self.end_tokens  # progress and ETA on the run's cumulative token count
         self.metrics.log_event(self._startup(begun, engine_s))
+
+    def _load_init_from(self) -> None:
+        """A new stage starts from the stage before's weights (init_from), with a fresh optimizer and schedule."""
+        from trainer.checkpoint.store import local_step
+        from trainer.checkpoint.weights import load_initial_weights
+
+        cfg = self.cfg
+        cache = Path(cfg.output_dir) / "init_from"
+        if self.dist.rank == 0:
+            local_step(cfg.init_from, cache)  # one download from the object store (kept), then every rank reads it
+        if self.dist.world_size > 1:
+            torch_dist.barrier()
+        weights_of = load_initial_weights(self.model, cfg.init_from, cache)
+        self.metrics.log_event({"event": "initialized", "from": cfg.init_from, "step": weights_of["step"]})
 
     @staticmethod
     def _startup(begun: float, engine_s: float) -> dict:
@@ -498,24 +507,45 @@ class Trainer:
         record the window (later checkpoints carry it, so a resume skips it too) and go on."""
         a, b = e.skip_window
         at = self.state.step
+        # Every window left out so far stays left out: the point restored may predate some of them.
+        windows = [w for w in self.state.skip_windows] + [[a, b]]
         point = self.checkpointer.before(a)
         if point is None:
-            raise GuardStop(f"{e} No committed checkpoint was taken before global sample {a} to roll back to "
-                            f"(see checkpoint.interval_steps / checkpoint.mtbf_hours).") from e
-        # A fresh engine: ZeRO-3 cannot load into the partitioned module of a running one. The step may
-        # come from another world size (the one this run resumed from).
-        universal = self.checkpointer.needs_universal(point, self.cfg)
-        self._new_module()
-        self.module.build_engine(load_universal=universal)
-        self.checkpointer.restore(point, self, universal=universal)
-        self.state.skip_windows.append([a, b])
+            # No checkpoint before the spike (a run's first steps, a proxy that keeps none): the initial state.
+            self.rollback_to_start()
+        else:
+            # A fresh engine: ZeRO-3 cannot load into the partitioned module of a running one. The step may
+            # come from another world size (the one this run resumed from).
+            universal = self.checkpointer.needs_universal(point, self.cfg)
+            self._new_module()
+            self.module.build_engine(load_universal=universal)
+            self.checkpointer.restore(point, self, universal=universal)
+        self.state.skip_windows = sorted({tuple(w): list(w) for w in self.state.skip_windows + windows}.values())
         if len(self.state.skip_windows) > self.cfg.guard.max_skipped:
             raise TooManySkips(f"spike guard: {len(self.state.skip_windows)} rollbacks, more than guard.max_skipped = "
                                f"{self.cfg.guard.max_skipped}; the run is unstable") from e
         self.history = [h for h in self.history if h["step"] < self.state.step]
-        dropped = self.checkpointer.discard_after(point.step)
-        self.metrics.log_event({"event": "rollback", "step": at, "to_step": point.step, "skip_window": [a, b],
+        dropped = self.checkpointer.discard_after(self.state.step)
+        self.metrics.log_event({"event": "rollback", "step": at, "to_step": self.state.step,
+                                "to": "checkpoint" if point is not None else "initial state", "skip_window": [a, b],
                                 "reason": str(e), "discarded_checkpoints": dropped})
+
+    def rollback_to_start(self) -> None:
+        """Back to the state the run started from, rebuilt rather than saved (a step-0 checkpoint would cost every
+        run a save; this costs only the rare rollback a model build): the seeded initialization (or init_from's
+        weights), or the step of the run it continues (continue_from); the named states as before the first step."""
+        cfg = self.cfg
+        self._new_module()  # seeded: the same initial weights and RNG state as at the start
+        if cfg.init_from:
+            self._load_init_from()
+        source = (continued_step(cfg.continue_from, Path(cfg.output_dir) / "continue_from", cfg.model, self.dist)
+                  if cfg.continue_from else None)
+        universal = self.checkpointer.needs_universal(source, cfg)
+        self.module.build_engine(load_universal=universal)
+        for name, obj in self.stateful().items():
+            obj.load_state_dict(copy.deepcopy(self._initial_states[name]))
+        if source is not None:
+            continue_run(self, source, universal=universal)
 
     def close(self, *, ok: bool = True) -> None:
         """End the run's threads and files: each callback's, then the metrics (the others log to them)."""

@@ -10,8 +10,8 @@
   global sample indices and reason. Running averages move only on applied steps.
 - `max_strikes` skips within `strike_window` steps ask for a rollback to the last checkpoint and a
   skip of the data window that produced them (carried out by Trainer.rollback from trainer.checkpoint.checkpointer;
-  without a checkpoint before the spike the run stops with that message). More than `max_skipped`
-  skips in total stop the run.
+  without a checkpoint before the spike, from the run's initial state). More than `max_skipped` skips in total
+  stop the run.
 
 All state is in `state_dict()` so a checkpoint can carry it.
 """

@@ -1,5 +1,6 @@
 """Checkpoints that replay exactly: kill -9 and resume (ZeRO-1, ZeRO-3 on 2 ranks), 2 -> 1 ranks, resume
-from the object store, a changed global batch, the spike guard's rollback, training through an S3 outage.
+from the object store, a changed global batch, the spike guard's rollback (to a checkpoint, or to the initial
+state before the first one), training through an S3 outage.
 
 Tiny runs of 12 steps (global batch 8) saving every 3 steps; references are computed once per module.
 Long because the module-scoped reference runs are shared by every resume case; split, each file would train them again.
@@ -337,6 +338,44 @@ def test_rollback_restores_the_checkpoint_before_the_spike_and_skips_the_window(
     resumed.fit()
     assert not set(source2.served) & garbage
     assert [h["loss"] for h in resumed.history] == [h["loss"] for h in trainer.history if h["step"] >= 10]
+
+
+@pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
+def test_a_spike_before_the_first_checkpoint_rolls_back_to_the_initial_state(tmp_path):
+    from trainer.train import Trainer, build_sources
+
+    # Samples 40..63 are garbage: steps 5, 6 and 7 (0-based), three strikes before the first checkpoint (step 8).
+    garbage = set(range(40, 64))
+    cfg = from_dict(RunConfig, _run(tmp_path / "out", train_tokens=14 * 8 * 64, optim={"lr": 1e-2},
+                                    checkpoint={"interval_steps": 8, "keep_last": 10},
+                                    guard={"warmup_steps": 4, "loss_ratio": 1.2, "max_strikes": 3,
+                                           "strike_window": 5}))
+    train, val = build_sources(cfg)
+    source = GarbageAt(train, garbage)
+    trainer = Trainer(cfg, train_source=source, val_sources=val)
+    summary = trainer.fit()
+    records = read_metrics(tmp_path / "out")
+    (rollback,) = [r for r in records if r["event"] == "rollback"]
+    assert rollback["skip_window"] == [40, 64] and rollback["to_step"] == 0 and rollback["step"] == 8
+    assert rollback["to"] == "initial state"
+    # The initial state came back: the first five steps replay the same losses on the same samples.
+    before, after = records[:records.index(rollback)], records[records.index(rollback):]
+    first = [(r["step"], r["loss"]) for r in before if r["event"] == "train" and r["step"] < 5]
+    assert len(first) == 5 and [(r["step"], r["loss"]) for r in after if r["event"] == "train"][:5] == first
+    assert [h["samples"] for h in trainer.history][4:6] == [[32, 40], [64, 72]]
+    assert summary["steps"] == 14 and summary["sample_index"] == 14 * 8 + 24 and summary["skipped"] == []
+    assert not [r for r in after if r["event"] == "skip"]
+    local = LocalCheckpoints(tmp_path / "out" / "checkpoints")
+    assert local.committed() == [8, 14] and local.manifest(8)["skip_windows"] == [[40, 64]]
+
+    # Killed after the rollback and resumed from its first checkpoint: the window stays skipped, the losses replay.
+    shutil.rmtree(local.path(14))
+    source2 = GarbageAt(train, garbage)
+    resumed = Trainer(cfg, train_source=source2, val_sources=val)
+    assert resumed.state.skip_windows == [[40, 64]] and resumed.state.sample_index == 8 * 8 + 24
+    resumed.fit()
+    assert not set(source2.served) & garbage
+    assert [h["loss"] for h in resumed.history] == [h["loss"] for h in trainer.history if h["step"] >= 8]
 
 
 @pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
