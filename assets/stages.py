@@ -78,6 +78,7 @@ class LaunchSettings(BaseModel):
     launcher: LauncherResource.model_fields["launcher"].annotation | None = None
     nproc_per_node: int | None = Field(None, ge=1)
     nnodes: int | None = Field(None, ge=1)
+    threads: int | None = Field(None, ge=1)  # CPU threads per trainer process (a proxy's default: PROXY_THREADS)
     max_restarts: int | None = Field(None, ge=0)
     restart_window_hours: float | None = Field(None, gt=0)  # max_restarts counts within this window (weeks-long runs)
     slurm: SlurmConfig | None = None  # launcher slurm: partition, time, GPUs, sbatch args (resources/slurm.py)
@@ -138,6 +139,30 @@ def check_stage(where: str, settings: dict) -> RunConfig:
         return from_dict(RunConfig, {**settings, "data": {"shards": {"_": "_"}}, "output_dir": "_", "checkpoint": checkpoint})
     except ValueError as exc:
         raise ValueError(f"{where}.{exc}") from None
+
+
+# A proxy's trainer threads unless its launch says otherwise: proxies are small and many (the sweep's candidates, an
+# ablation's arms, the ladder's rungs), side by side they use the cores better than threads do (two 1-thread
+# proxies at once: the sweep in 55 s, one 2-thread proxy at a time: 75 s, on 2 cores), and a fixed count keeps a
+# proxy's loss, so the chosen mixture, the same whatever runs beside it (`--jobs 1` or `--jobs 2`).
+PROXY_THREADS = 1
+NO_CHECKPOINTS = {"interval_steps": 0, "save_final": False, "resume": False}
+
+
+def proxy_run(main: dict, *layers: tuple[str, dict], **fields) -> tuple[dict, LaunchSettings]:
+    """The one way to build a proxy run (the mix sweep, the filter ablations, the scaling ladder): training.main
+    with each (where, settings) layer merged over it in order, then `fields` (train_tokens, seed), without
+    checkpoints. Every proxy keeps main's stability settings (model, schedule, optimizer) and its spike guard: a
+    rollback with no checkpoint to return to goes back to the run's initial state (trainer.train.Trainer.rollback).
+    Returns (the trainer's fields, the launch settings: PROXY_THREADS threads unless a layer sets `threads`)."""
+    merged = main
+    for _, layer in layers:
+        merged = merge(merged, layer)
+    settings, launch = split_launch(layers[-1][0] if layers else "training.main", merged)
+    settings = merge(settings, {**fields, "checkpoint": NO_CHECKPOINTS})
+    if launch.threads is None:
+        launch = launch.model_copy(update={"threads": PROXY_THREADS})
+    return settings, launch
 
 
 STAGE_NAME = r"[a-z][a-z0-9_]*"

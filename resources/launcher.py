@@ -79,6 +79,7 @@ ALIVE_POLL_S = 2.0  # how often whether it still runs is asked (on Slurm: one sq
 HANGS_TO_EXCLUDE = 2  # a node named by this many hangs is left out of the restart (one hang may be the network's)
 JOB_TAG = "pretrain/job"  # the Dagster run's tag naming the training job it follows (trainer/job/detach.py Job.name)
 RESTART_LOG = ("attempt", "time", "reason", "excluded", "why")  # what job.json keeps of each restart
+THREADS_ENV = "OMP_NUM_THREADS"  # torch's CPU threads (launcher `threads`)
 INTERRUPT_GRACE_S = 20.0  # a stopped Dagster run waits this long for the job to drain before it goes
 
 
@@ -105,7 +106,11 @@ class LauncherResource(ConfigurableResource):
     rdzv_id: str = "pretrain"
     hostfile: str | None = None  # deepspeed: one line per node, "host slots=N" (a node left out: a copy without it)
     master_port: int | None = None  # deepspeed: None = a free port on this machine
-    env: dict[str, str] = {}  # added to the trainer's environment (e.g. OMP_NUM_THREADS, NCCL_* settings)
+    env: dict[str, str] = {}  # added to the trainer's environment (e.g. NCCL_* settings)
+    # CPU threads of each trainer process (its OMP_NUM_THREADS). Fixed by the settings, never by what else runs: a
+    # loss, and through the mix sweep the mixture, depends on the thread count. None: the environment's
+    # OMP_NUM_THREADS, else torch's default (the machine's cores).
+    threads: int | None = None
     slurm: SlurmConfig = SlurmConfig()  # launcher "slurm": a batch job over nnodes nodes (resources/slurm.py)
     max_restarts: int = 2  # a failed trainer is launched again (resuming) up to this many times...
     # ...within any window of this many hours (None: in the whole launch). A run of weeks loses a node every few
@@ -138,6 +143,12 @@ class LauncherResource(ConfigurableResource):
         cmd += ["--num_gpus", str(self.nproc_per_node), "--master_port", str(self.master_port or _free_port())]
         return [*cmd, "--module", "trainer", "--config", str(run_json)]
 
+    def trainer_env(self) -> dict[str, str]:
+        """The trainer's environment: this process's, `env` over it, and `threads` as OMP_NUM_THREADS."""
+        env = {**os.environ, **self.env, **({THREADS_ENV: str(self.threads)} if self.threads else {})}
+        env.pop("WORLD_SIZE", None)  # a stale value would make `python -m trainer` wait for other ranks
+        return env
+
     def with_settings(self, settings: Mapping | None) -> LauncherResource:
         """This launcher with one stage's own settings over its fields (a recipe's `launch:` mapping)."""
         if not settings:
@@ -165,8 +176,7 @@ class LauncherResource(ConfigurableResource):
         output_dir = Path(run_config["output_dir"])
         command = self.command(run_json)
         context.log.info("launching the trainer: " + " ".join(command))
-        env = {**os.environ, **self.env}
-        env.pop("WORLD_SIZE", None)  # a stale value would make `python -m trainer` wait for other ranks
+        env = self.trainer_env()
         if _take_failure(output_dir, 0) is not None:  # left by an earlier launch: not this one's reason
             context.log.info(f"an earlier {FAILURE_FILE} in {output_dir} was moved aside to failure-0.json")
         records: list[dict] = []

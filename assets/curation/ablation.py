@@ -47,7 +47,7 @@ from assets.curation.raw_crawl import raw_crawl_key
 from assets.curation.reference_lm import REFERENCE_KEY
 from assets.plots import grouped_bar_chart
 from assets.recipe import Recipe, SourceConfig
-from assets.stages import merge, split_launch
+from assets.stages import proxy_run
 from assets.tokenization.packed import pack_parts
 from assets.tokenization.tokenizer import TOKENIZER_FILE, tokenizer_key
 from assets.training.inputs import local_folder
@@ -93,13 +93,9 @@ def arms_of(recipe: Recipe, source: SourceConfig, resolved: FilterConfig) -> lis
 def arm_settings(recipe: Recipe) -> tuple[dict, dict]:
     """(the proxy's run-config fields, its launch settings): training.main, mixing.proxy and ablation.proxy merged,
     at the section's tokens, without checkpoints or TensorBoard."""
-    merged = merge(merge(recipe.training.main, recipe.mixing.proxy if recipe.mixing else {}), recipe.ablation.proxy)
-    settings, launch = split_launch("ablation.proxy", merged)
-    # No spike guard: a proxy keeps no checkpoint to roll back to, so a rollback request stops it, and skipping does
-    # not help it either: in the junk test a run's gradient norm rose for good at step 41 (clipped, the loss fine), the
-    # guard's running average, updated by applied steps only, stayed below, and it skipped every step after.
-    settings = merge(settings, {"train_tokens": recipe.ablation.tokens, "guard": {"enabled": False},
-                                "checkpoint": {"interval_steps": 0, "save_final": False, "resume": False}})
+    mixing = [("mixing.proxy", recipe.mixing.proxy)] if recipe.mixing else []
+    settings, launch = proxy_run(recipe.training.main, *mixing, ("ablation.proxy", recipe.ablation.proxy),
+                                 train_tokens=recipe.ablation.tokens)
     return settings, launch.overrides()
 
 

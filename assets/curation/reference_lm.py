@@ -24,13 +24,15 @@ from dagster import AssetKey, MetadataValue
 from assets.core.factory import Inputs, OutputSpec, output_asset
 from assets.core.upstream import Output
 from assets.recipe import Recipe
+from assets.stages import PROXY_THREADS
 from pipelines.filters.config import ReferenceConfig
 from pipelines.tokenization.config import TokenizerConfig
 
 REFERENCE_KEY = AssetKey(["curation", "reference_lm"])
 METRICS_FILE = "metrics.jsonl"
-# One process on the asset's own machine, whatever the launcher resource's default for the training stages.
-LAUNCH = {"launcher": "python", "nproc_per_node": 1, "nnodes": 1, "max_restarts": 1}
+# One process on the asset's own machine, whatever the launcher resource's default for the training stages, with a
+# proxy's fixed thread count: its model scores the perplexity filter, so it must not change with what runs beside it.
+LAUNCH = {"launcher": "python", "nproc_per_node": 1, "nnodes": 1, "max_restarts": 1, "threads": PROXY_THREADS}
 
 
 def run_config(config: ReferenceConfig, *, text: Path, tokenizer: Path, output_dir: Path) -> dict:
@@ -144,4 +146,5 @@ def reference_lm_asset(recipe: Recipe, config: ReferenceConfig):
         prepare=prepare, build=build, metadata=metadata,
         resources=frozenset({"launcher"}), kinds=frozenset({"python", "pytorch"}),
         failures=(ValueError,),  # a reference file the recipe names is missing
+        asset_args={"metadata": {"launch": MetadataValue.json(LAUNCH)}},  # its cores, for the scheduler
     ))

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from dagster import AssetKey, DynamicPartitionsDefinition
 
 from assets.recipe import Recipe
-from assets.stages import LaunchSettings, merge, split_launch
+from assets.stages import LaunchSettings, proxy_run
 from storage.objects import ObjectStore
 
 CANDIDATES = DynamicPartitionsDefinition(name="mix_candidates")
@@ -47,14 +47,13 @@ def weights_key() -> AssetKey:
 
 
 def proxy_settings(recipe: Recipe) -> dict:
-    """The proxy's run-config fields: training.main with mixing.proxy merged over it, no checkpoints."""
-    settings, _ = split_launch("mixing.proxy", merge(recipe.training.main, recipe.mixing.proxy))
-    return merge(settings, {"checkpoint": {"interval_steps": 0, "save_final": False, "resume": False}})
+    """The proxy's run-config fields: training.main with mixing.proxy merged over it (assets/stages.py proxy_run)."""
+    return proxy_run(recipe.training.main, ("mixing.proxy", recipe.mixing.proxy))[0]
 
 
 def proxy_launch(recipe: Recipe) -> LaunchSettings:
     """How a proxy run is started: training.main's `launch` with mixing.proxy's over it (not versioned)."""
-    return split_launch("mixing.proxy", merge(recipe.training.main, recipe.mixing.proxy))[1]
+    return proxy_run(recipe.training.main, ("mixing.proxy", recipe.mixing.proxy))[1]
 
 
 def mixing_section(recipe: Recipe) -> dict:

@@ -15,12 +15,16 @@ forkserver variant avoids that but keeps the environment (PRETRAIN_HOME, the rec
 in the process; it cannot run the sweep's partitions (one run each) side by side; and no step knows
 whether it runs alone. Here `jobs` long-lived worker processes (spawned, so they see this process's
 environment) import the code location once each, and the scheduler, which knows what runs and what may
-still start, sets each run's threads:
+still start, shares the cores out:
 
-- a run that may overlap another one (something else is running, or not yet started and not downstream
-  of it) gets OMP_NUM_THREADS = cores // jobs (at least 1), so two trainers on two cores use one thread
-  each instead of fighting over both (the launcher passes the environment on to the trainer);
-- a run that is alone for its whole life (training/main, after the sweep) keeps every core.
+- a run that starts a trainer (its asset's `launch` metadata) keeps the threads its settings give it
+  (launch `threads` × processes; none given: every core), never fewer because something else runs: a
+  loss, and through the mix sweep the chosen mixture, depends on the thread count, and the same recipe
+  must give the same data versions with `--jobs 1` or `--jobs 2`. It starts once that many cores are free
+  (or nothing else runs), and nothing of lower priority starts before it, so it never waits for ever;
+- any other run that may overlap another one (something else is running, or not yet started and not
+  downstream of it) gets OMP_NUM_THREADS = cores // jobs (at least 1) and counts as cores / jobs;
+- a run that is alone for its whole life keeps every core.
 An OMP_NUM_THREADS the user set is left alone. Two 1-thread proxy runs at once did the sweep in 55 s where
 one 2-thread run at a time took 75 s; a 2-thread trainer beside another busy process ran ~6x slower (466
 against ~2,900 tokens/s: its OpenMP threads wait on a core that is taken).
@@ -53,6 +57,7 @@ JOBS_ENV = "PRETRAIN_JOBS"
 THREADS_ENV = "OMP_NUM_THREADS"
 SESSION_TAG = "pretrain/materialize"  # one id for every run of one `pretrain materialize`
 THREADS_TAG = "pretrain/omp_num_threads"  # set on a run that was given fewer threads to share the CPUs
+LAUNCH_METADATA = "launch"  # a trainer-starting asset's launch settings (over the launcher resource's defaults)
 
 
 def cpu_count() -> int:
@@ -60,6 +65,16 @@ def cpu_count() -> int:
         return len(os.sched_getaffinity(0)) or 1
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def trainer_cores(node) -> int | None:
+    """The cores a run of this asset keeps busy where its settings fix them: a trainer's threads × processes per
+    node from its `launch` metadata (threads not given: every core, torch's default); None for any other run."""
+    launch = node.metadata.get(LAUNCH_METADATA)
+    if launch is None:
+        return None
+    launch = getattr(launch, "value", launch) or {}
+    return (launch.get("threads") or cpu_count()) * (launch.get("nproc_per_node") or 1)
 
 
 def default_jobs() -> int:
@@ -118,7 +133,9 @@ def materialize_parallel(defs, instance, keys: list, jobs: int, recipe_arg: str 
     can_overlap = any(graph.get(k).is_partitioned for k in keys) or any(
         b not in ancestors[a] and a not in ancestors[b] for i, a in enumerate(keys) for b in keys[i + 1:])
     jobs = max(1, jobs)
-    threads_each = str(max(1, cpu_count() // jobs))
+    cores = cpu_count()
+    threads_each = str(max(1, cores // jobs))
+    fixed = {k: trainer_cores(graph.get(k)) for k in keys}  # a trainer's own cores, or None
     user_threads = os.environ.get(THREADS_ENV)
     tags = {SESSION_TAG: uuid.uuid4().hex[:12], **(run_tags or {})}
 
@@ -181,10 +198,15 @@ def materialize_parallel(defs, instance, keys: list, jobs: int, recipe_arg: str 
                 if asset.tasks is None:
                     expand(asset)
             for task in (t for a in ready if a.key not in failed for t in _startable(a, graph, running)):
+                busy = sum(cores / jobs if fixed[t.key] is None else fixed[t.key] for t in running.values())
+                need = cores / jobs if fixed[task.key] is None else fixed[task.key]
+                if running and busy + need > cores + 1e-9:
+                    break  # it waits for its cores, and what comes after it in priority waits with it
                 slot = runner.free_slot()
                 if slot is None:
                     break
-                env = {THREADS_ENV: threads_each} if user_threads is None and jobs > 1 and may_overlap(task) else {}
+                env = {THREADS_ENV: threads_each} if (user_threads is None and jobs > 1 and fixed[task.key] is None
+                                                      and may_overlap(task)) else {}
                 task.started = True
                 running[slot], began[slot], run_ids[slot] = task, time.monotonic(), str(uuid.uuid4())
                 threads = f" ({THREADS_ENV}={threads_each}: it shares the CPUs)" if env else ""

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from dagster import AssetKey, StaticPartitionsDefinition
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from assets.stages import merge, split_launch
+from assets.stages import merge, proxy_run, split_launch
 from trainer.config import BatchConfig, ModelConfig
 from trainer.planner.plan import ModelShape, flops_per_token, parameter_count
 
@@ -130,18 +130,14 @@ class Rung:
 
 
 def proxy_settings(recipe: Recipe) -> dict:
-    """The ladder's common run-config fields: training.main with scaling.proxy merged over it, the section's seed,
-    no checkpoints and no spike guard (each rung then sets its model size and train_tokens). Without a checkpoint
-    to roll back to, the guard's rollback request would stop a rung (as it did ablation arms, assets/curation/
-    ablation.py), and a fit needs every rung."""
-    settings, _ = split_launch("scaling.proxy", merge(recipe.training.main, recipe.scaling.proxy))
-    return merge(settings, {"seed": recipe.scaling.seed, "guard": {"enabled": False},
-                            "checkpoint": {"interval_steps": 0, "save_final": False, "resume": False}})
+    """The ladder's common run-config fields: training.main with scaling.proxy merged over it and the section's seed
+    (assets/stages.py proxy_run); each rung then sets its model size and train_tokens."""
+    return proxy_run(recipe.training.main, ("scaling.proxy", recipe.scaling.proxy), seed=recipe.scaling.seed)[0]
 
 
 def proxy_launch(recipe: Recipe) -> dict:
     """How a rung's trainer is started: training.main's `launch` with scaling.proxy's over it (not versioned)."""
-    return split_launch("scaling.proxy", merge(recipe.training.main, recipe.scaling.proxy))[1].overrides()
+    return proxy_run(recipe.training.main, ("scaling.proxy", recipe.scaling.proxy))[1].overrides()
 
 
 def rung_settings(recipe: Recipe, rung: Rung) -> dict:

@@ -125,8 +125,8 @@ def test_the_sweep_has_its_schedule_and_the_sensor_that_keeps_it_going():
         (lambda raw: raw["training"]["long_context"][0].update(launch={"launcher": "mpirun"}),
          "training.long_context[0] (long_512).launch.launcher: Input should be 'python', 'torchrun'"),
         (lambda raw: raw["training"]["anneal"].update(launch={"procs": 2}),
-         "training.anneal.launch.procs: not a launch field (launch sets launcher, nproc_per_node, nnodes, max_restarts, "
-         "restart_window_hours, slurm)"),
+         "training.anneal.launch.procs: not a launch field (launch sets launcher, nproc_per_node, nnodes, threads, "
+         "max_restarts, restart_window_hours, slurm)"),
         (lambda raw: raw["training"]["main"].update(launch={"launcher": "slurm", "slurm": {"partiton": "gpu"}}),
          "training.main.launch.slurm: partiton: not a slurm field (slurm sets partition, time"),
         (lambda raw: raw["training"]["main"].update(launch={"launcher": "python", "nproc_per_node": 2}),
@@ -142,7 +142,7 @@ def test_a_bad_launch_setting_names_the_stage_and_field(tmp_path, mutate, expect
     assert expected in str(err.value) and "recipe.yaml" in str(err.value)
 
 
-def test_a_stages_launch_settings_reach_its_trainer_command_and_leave_its_version_alone(tmp_path):
+def test_a_stages_launch_settings_reach_its_trainer_command_and_leave_its_version_alone(tmp_path, monkeypatch):
     from dagster import AssetKey
 
     from assets.definitions import build_defs
@@ -168,9 +168,14 @@ def test_a_stages_launch_settings_reach_its_trainer_command_and_leave_its_versio
     main_launch = {"launcher": "torchrun", "nproc_per_node": 2, "max_restarts": 1}
     assert launch == {"training/main": main_launch, "training/long_512": main_launch,
                       "training/anneal": {**main_launch, "nproc_per_node": 1},
-                      "mixing/mix_sweep": {"launcher": "python", "nproc_per_node": 1, "max_restarts": 1}}
+                      # a proxy's fixed thread count, given or not (assets/stages.py PROXY_THREADS)
+                      "mixing/mix_sweep": {"launcher": "python", "nproc_per_node": 1, "threads": 1, "max_restarts": 1}}
     # How the processes start is not what the stage makes: the same code versions as with no launch at all.
-    assert launch_and_versions(nothing) == ({k: {} for k in launch}, versions)
+    assert launch_and_versions(nothing) == ({**{k: {} for k in launch}, "mixing/mix_sweep": {"threads": 1}}, versions)
+    # The launcher gives the trainer its threads: the environment's OMP_NUM_THREADS, whatever else runs.
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    threads = {k: LauncherResource().with_settings(v).trainer_env().get("OMP_NUM_THREADS") for k, v in launch.items()}
+    assert threads == {"training/main": None, "training/long_512": None, "training/anneal": None, "mixing/mix_sweep": "1"}
     # Over the environment's default (one python process) the stage's settings make the command.
     run = tmp_path / "run.json"
     resource = LauncherResource(launcher="python", nproc_per_node=1)

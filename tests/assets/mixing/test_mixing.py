@@ -8,7 +8,7 @@ import yaml
 from dagster import AssetKey, DagsterInstance
 
 from assets.cli import main
-from tests.assets.curated import two_small_sources
+from tests.assets.curated import copy_curated, two_small_sources
 
 PROXY = {"train_tokens": 8 * 64 * 6, "model": {"vocab_size": 1024, "d_model": 32, "n_layers": 1, "n_heads": 2},
          "batch": {"global_batch": 8, "micro_batch": 8, "seq_len": 64, "ramp_start": None},
@@ -112,3 +112,35 @@ def test_the_sweep_trains_one_proxy_per_candidate_and_fits_the_weights(tmp_path,
     # 6 runs over 2 sources: as many as the quadratic model's features (1 + 2 + 3), so no fallback now.
     assert (chosen["fit_model"], chosen["fit_features"]) == ("quadratic", 6)
     assert set(status(capsys).values()) == {"fresh"}
+
+
+@pytest.mark.slow  # ~1 min: six proxy trainings on two copies of the session's curated home
+def test_one_job_or_two_give_the_same_mixture(tmp_path, monkeypatch, curated_template):
+    """A proxy's threads come from its settings, never from how many runs are alive: the sweep and fit with `--jobs 1`
+    (one run at a time, in this process) and `--jobs 2` (two at once, in workers) give the same data versions. The
+    proxy is wide enough that torch splits its matrix products over threads (the suite's OMP_NUM_THREADS is left out),
+    so a thread count that followed the scheduler would change its losses."""
+    from assets.mixing.section import weights_key
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    recipe = tmp_path / "recipe.yaml"
+    write_recipe(recipe)
+    raw = yaml.safe_load(recipe.read_text())
+    raw["mixing"]["proxy"]["model"] = {"vocab_size": 1024, "d_model": 128, "n_layers": 1, "n_heads": 4}
+    recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
+    monkeypatch.setenv("PRETRAIN_RECIPE", str(recipe))
+    versions, losses = {}, {}
+    for jobs in (1, 2):
+        home = tmp_path / f"home-jobs{jobs}"
+        copy_curated(curated_template, home)
+        monkeypatch.setenv("PRETRAIN_HOME", str(home))
+        monkeypatch.setenv("DAGSTER_HOME", str(home / "dagster"))
+        assert main(["materialize", "--stale", "--select", "+mixing/mixture_weights", "--jobs", str(jobs)]) == 0
+        instance = DagsterInstance.get()
+        versions[jobs] = metadata(instance, weights_key())["data_version"]
+        losses[jobs] = {name: metadata(instance, AssetKey(["mixing", "mix_sweep"]), name)["target_loss"]
+                        for name in instance.get_dynamic_partitions("mix_candidates")}
+        instance.dispose()
+    assert losses[1] == losses[2] and len(losses[1]) == 3
+    assert versions[1] == versions[2]

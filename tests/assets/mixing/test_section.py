@@ -21,6 +21,7 @@ from assets.mixing.section import (
     write_result,
 )
 from assets.recipe import DEMO_RECIPE, Recipe, load_recipe
+from assets.stages import PROXY_THREADS
 from storage.local import LocalStore
 
 RAW = yaml.safe_load(DEMO_RECIPE.read_text())
@@ -50,8 +51,9 @@ def test_proxy_settings_are_main_with_the_proxy_over_it_and_no_checkpoints():
     # The proxy reports its validation loss only: no downstream evaluation during its short run.
     assert settings["metrics"] == {**main["metrics"], "downstream_interval": 0} != main["metrics"]
     assert settings["checkpoint"] == {**main["checkpoint"], "interval_steps": 0, "save_final": False, "resume": False}
-    # How the proxy starts: main's launch (the proxy gives none), not in its settings.
-    assert proxy_launch(recipe).overrides() == main["launch"] == {"max_restarts": 2}
+    # How the proxy starts: main's launch (the proxy gives none) on a proxy's fixed threads, not in its settings.
+    assert proxy_launch(recipe).overrides() == {**main["launch"], "threads": PROXY_THREADS} == {"max_restarts": 2,
+                                                                                               "threads": 1}
 
 
 def test_each_section_holds_what_decides_its_output():
