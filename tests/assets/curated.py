@@ -39,8 +39,6 @@ def two_small_sources() -> dict:
 @pytest.fixture(scope="session")
 def curated_template(tmp_path_factory) -> Path:
     """A PRETRAIN_HOME with the two sources curated, tokenized and packed; never handed to a test itself."""
-    from assets.cli import main
-
     root = tmp_path_factory.mktemp("curated-c4-math")
     raw = two_small_sources()
     for section in ("mixing", "training", "evaluation"):  # they name the demo's other sources; not curation
@@ -48,12 +46,19 @@ def curated_template(tmp_path_factory) -> Path:
     recipe = root / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
     home = root / "pretrain-home"
+    materialize_in(home, recipe, "+tokenization/c4/packed,+tokenization/math/packed")
+    return home
+
+
+def materialize_in(home: Path, recipe: Path, select: str) -> None:
+    """`pretrain materialize --select SELECT` of `recipe` in PRETRAIN_HOME `home`, for a fixture broader than a test."""
+    from assets.cli import main
+
     with pytest.MonkeyPatch.context() as env:
         env.setenv("PRETRAIN_HOME", str(home))
         env.setenv("DAGSTER_HOME", str(home / "dagster"))
         env.setenv("PRETRAIN_RECIPE", str(recipe))
-        assert main(["materialize", "--select", "+tokenization/c4/packed,+tokenization/math/packed"]) == 0
-    return home
+        assert main(["materialize", "--select", select]) == 0
 
 
 @pytest.fixture

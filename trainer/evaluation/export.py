@@ -7,8 +7,9 @@ model.safetensors and, with a tokenizer, tokenizer.json, tokenizer_config.json a
 
 The architecture is Llama's, so the mapping is one name per tensor: RoPE uses the same rotate-half
 layout (trainer/model/transformer.py apply_rope), SwiGLU is gate (w1) / up (w3) / down (w2), no biases, untied
-head. What Llama cannot express is refused rather than exported wrongly: QK-norm (Llama has none)
-and document-restarted positions do not matter for a single sequence, which is how HF runs it.
+head. A model with QK-norm (model.qk_norm), which Llama cannot express, is exported as Qwen3, Llama's layout with an
+RMSNorm over each head's queries and keys before RoPE, as ours (q_norm / k_norm, one gain per head dimension).
+Document-restarted positions do not matter for a single sequence, which is how HF runs it.
 The special tokens come from the tokenizer: its EOS (the pipeline's "<|endoftext|>", or the names other
 tokenizers use) is also BOS, since documents are separated by EOS only, and the model's "<|pad|>" (else EOS) pads.
 The file needs only torch and safetensors; transformers is used by the test that loads the result.
@@ -31,9 +32,12 @@ class ExportError(ValueError):
 
 
 def hf_llama_config(cfg: ModelConfig, *, seq_len: int, eos_id: int | None = None, pad_id: int | None = None) -> dict:
+    # Qwen3 is Llama with QK-norm; its sliding window stays off, so every layer attends to the whole sequence.
+    qwen3 = {"use_sliding_window": False, "sliding_window": None, "max_window_layers": cfg.n_layers}
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": ["Qwen3ForCausalLM" if cfg.qk_norm else "LlamaForCausalLM"],
+        "model_type": "qwen3" if cfg.qk_norm else "llama",
+        **(qwen3 if cfg.qk_norm else {}),
         "hidden_size": cfg.d_model,
         "intermediate_size": cfg.ff_dim,
         "num_hidden_layers": cfg.n_layers,
@@ -59,9 +63,7 @@ def hf_llama_config(cfg: ModelConfig, *, seq_len: int, eos_id: int | None = None
 
 
 def hf_llama_state_dict(state_dict: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Our parameter names (CausalLM's, or Transformer's) -> Llama's, as contiguous fp32 tensors."""
-    if cfg.qk_norm:
-        raise ExportError("model.qk_norm: a Llama model has no QK-norm; this model cannot be exported as Llama")
+    """Our parameter names (CausalLM's, or Transformer's) -> Llama's (Qwen3's with QK-norm), contiguous fp32."""
     # A μP model's output and attention multipliers, which Llama does not have, folded into its weights.
     sd = {k.removeprefix("transformer."): v for k, v in standard_weights(state_dict, cfg).items()}
     names = {"tok_emb.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
@@ -71,6 +73,8 @@ def hf_llama_state_dict(state_dict: dict[str, torch.Tensor], cfg: ModelConfig) -
                  "attn.wv.weight": "self_attn.v_proj.weight", "attn.wo.weight": "self_attn.o_proj.weight",
                  "mlp.w1.weight": "mlp.gate_proj.weight", "mlp.w3.weight": "mlp.up_proj.weight",
                  "mlp.w2.weight": "mlp.down_proj.weight"}
+    if cfg.qk_norm:
+        per_layer.update({"attn.q_norm.weight": "self_attn.q_norm.weight", "attn.k_norm.weight": "self_attn.k_norm.weight"})
     for i in range(cfg.n_layers):
         names.update({f"blocks.{i}.{ours}": f"model.layers.{i}.{theirs}" for ours, theirs in per_layer.items()})
     missing = sorted(set(names) - set(sd))

@@ -1,5 +1,5 @@
-"""lm-evaluation-harness on a checkpoint: exported as a Hugging Face Llama model (trainer/evaluation/export.py) and scored by
-lm-eval's own `simple_evaluate` (model "hf", fp32) on the benchmark files of the recipe's benchmark folder.
+"""lm-evaluation-harness on a checkpoint: exported as a Hugging Face Llama model, Qwen3 with QK-norm
+(trainer/evaluation/export.py), and scored by lm-eval's own `simple_evaluate` (model "hf", fp32) on the benchmark files of the recipe's benchmark folder.
 
     results = lm_eval_checkpoint("checkpoints/step-00000100", tokenizer="tokenizer.json",
                                  benchmarks="../shared/data/benchmarks", tasks=["hellaswag", "arc_easy"], limit=50,

@@ -58,10 +58,28 @@ def small_tokenizer(folder, vocab_size: int) -> str:
     return str(path)
 
 
-def test_a_model_llama_cannot_express_is_refused():
+@pytest.mark.slow  # loads transformers
+def test_a_model_with_qk_norm_is_exported_as_qwen3_with_the_trainers_logits(tmp_path):
+    """Llama has no QK-norm; Qwen3 is Llama's layout with it, so lm-eval's AutoModelForCausalLM loads the demo's model."""
+    import transformers
+    torch.manual_seed(0)
     cfg = ModelConfig(**{**CFG.__dict__, "qk_norm": True})
-    with pytest.raises(ExportError, match="qk_norm"):
-        export_hf_llama(CausalLM(cfg).state_dict(), cfg, "/nonexistent")
+    model = CausalLM(cfg).eval()
+    for p in model.parameters():  # norm gains away from 1 so a swapped or missing q_norm / k_norm would show
+        if p.ndim == 1:
+            torch.nn.init.uniform_(p, 0.5, 1.5)
+    out = export_hf_llama(model.state_dict(), cfg, tmp_path / "hf", seq_len=256)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
+    assert type(hf).__name__ == "Qwen3ForCausalLM"
+    tokens = torch.randint(0, cfg.vocab_size, (2, 96))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(tokens).logits, model.transformer(tokens), rtol=1e-4, atol=1e-4)
+
+
+def test_a_state_dict_of_another_model_is_refused():
+    cfg = ModelConfig(**{**CFG.__dict__, "qk_norm": True})
+    with pytest.raises(ExportError, match="q_norm"):  # a model without QK-norm's weights, exported as one with it
+        export_hf_llama(CausalLM(CFG).state_dict(), cfg, "/nonexistent")
 
 
 @pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
