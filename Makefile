@@ -61,7 +61,7 @@ system-deps:
 demo: $(STAMP)
 	$(BIN)/pretrain materialize
 	@echo
-	$(BIN)/pretrain status
+	$(BIN)/pretrain status --check
 	@echo
 	@echo "Outputs are in $(PRETRAIN_HOME)/store, runs in the Dagster instance at $(DAGSTER_HOME)."
 	@echo "Look at them: make ui  (then http://127.0.0.1:3000), or e.g."

@@ -1,7 +1,7 @@
 """`pretrain`: materialize, inspect and read the factory's assets from a terminal.
 
     pretrain materialize [--recipe R] [--select SEL] [--stale] [--refresh] [--jobs N] [--verbose]
-    pretrain status      [--recipe R]
+    pretrain status      [--recipe R] [--check]
     pretrain where ASSET [--recipe R] [--source S]
     pretrain docs ASSET  [--recipe R] [--source S] [--limit N]
     pretrain plan        [--recipe R] [--model JSON_OR_PATH] [--tokens N] [--device h100] [--mfu 0.4]
@@ -94,7 +94,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="stream everything (Dagster's event log, datatrove, DeepSpeed, the trainers) to stderr, "
                           "instead of a line per asset and a progress line, the rest in $PRETRAIN_HOME/logs/<id>.log")
 
-    add("status", _status, "each asset: fresh, stale or missing, with the cause")
+    cmd = add("status", _status, "each asset: fresh, stale or missing, with the cause")
+    cmd.add_argument("--check", action="store_true",
+                     help="exit 1 unless every asset is fresh (CI after `make demo`, scripts)")
 
     for name, func, help_ in (("where", _where, "an asset's current output URI, then its manifest"), ("docs", _docs, "stream an asset's documents as JSONL")):
         cmd = add(name, func, help_)
@@ -434,12 +436,24 @@ def _status(args) -> int:
                   f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r['time']))}: {r['reason']}{left_out}")
     # Each filter ablation's verdict, one line per arm (assets/curation/ablation.py), from its latest materialization.
     ablations = [k for k in factory.keys if k.path[-1] == "ablation"]
-    events = factory.instance.get_latest_materialization_events(ablations) if ablations else {}  # one query
+    # Each spike-guard rollback of a training stage's latest run: where it went back to and the data it left out.
+    stages = [k for k in factory.keys if k.path[0] == "training"]
+    events = factory.instance.get_latest_materialization_events(ablations + stages) if ablations + stages else {}
+    for key in stages:
+        event = events.get(key)
+        entry = event.asset_materialization.metadata.get("rollbacks") if event else None
+        for r in entry.value if entry else []:
+            print(f"{key.to_user_string():<{width}}  {'rollback':<7}  at step {r['step']} back to step {r['to_step']} "
+                  f"({r.get('to', 'checkpoint')}), global samples [{r['skip_window'][0]}, {r['skip_window'][1]}) "
+                  "left out")
     for key in ablations:
         event = events.get(key)
         entry = event.asset_materialization.metadata.get("verdict_text") if event else None
         for line in entry.value.splitlines() if entry else []:
             print(f"{key.to_user_string():<{width}}  {'verdict':<7}  {line}")
+    if args.check and any(state != "fresh" for _, state, _ in rows):
+        print(f"pretrain: not fresh: {', '.join(name for name, state, _ in rows if state != 'fresh')}", file=sys.stderr)
+        return 1
     return 0
 
 

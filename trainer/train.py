@@ -198,7 +198,8 @@ class Trainer:
                                                resumed=saved_precision(start.manifest) if start is not None else None)
         self.cfg = cfg = self.module.cfg = _with_bf16(cfg, self.precision.bf16)
         self.metrics.set_peak(device_peak(self.dist.device, self.precision.dtype, cfg.metrics.peak_flops))
-        self.metrics.log_event({"event": "precision", **self.precision.record()})
+        # With the dtype, the CPU threads: both decide the numerics a run's losses come out of.
+        self.metrics.log_event({"event": "precision", **self.precision.record(), "threads": torch.get_num_threads()})
         if point is not None:
             self.checkpointer.check_batch(point, cfg)
         if point is None and cfg.init_from:

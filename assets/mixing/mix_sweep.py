@@ -65,7 +65,8 @@ def mix_sweep_spec(recipe: Recipe) -> OutputSpec:
         write_result(out_dir, {"mixture": name, "weights": weights, "val_loss": val, "target_loss": target,
                                "target": target_name, "tokens": result.summary.get("tokens"),
                                "losses": result.summary.get("losses"),
-                               "precision": precision[-1]["dtype"] if precision else None, **budget})
+                               "precision": precision[-1]["dtype"] if precision else None,
+                               "threads": precision[-1].get("threads") if precision else None, **budget})
         return {}
 
     def metadata(inputs: Inputs, output: Output) -> dict:
@@ -73,6 +74,7 @@ def mix_sweep_spec(recipe: Recipe) -> OutputSpec:
         return {
             "target_loss": payload["target_loss"], "val_loss": MetadataValue.json(payload["val_loss"]),
             "weights": MetadataValue.json(payload["weights"]), "precision": payload.get("precision") or "unknown",
+            "threads": payload.get("threads") or 0,  # the proxy trainer's CPU threads (launch settings; 0: unknown)
             "epochs": MetadataValue.json(payload.get("epochs") or {}),  # the proxy's draws ÷ each source's tokens
             "weights_plot": bar_chart(payload["weights"], title=f"mixture {inputs.extra['name']}", ylabel="weight"),
             "val_loss_plot": bar_chart(payload["val_loss"], title="validation loss per domain", ylabel="loss"),

@@ -21,7 +21,8 @@ still start, shares the cores out:
   (launch `threads` × processes; none given: every core), never fewer because something else runs: a
   loss, and through the mix sweep the chosen mixture, depends on the thread count, and the same recipe
   must give the same data versions with `--jobs 1` or `--jobs 2`. It starts once that many cores are free
-  (or nothing else runs), and nothing of lower priority starts before it, so it never waits for ever;
+  (or nothing else runs), and nothing of lower priority starts before it, so it never waits for ever; nor
+  does a lower run start that would keep it waiting when it is next (holds_back);
 - any other run that may overlap another one (something else is running, or not yet started and not
   downstream of it) gets OMP_NUM_THREADS = cores // jobs (at least 1) and counts as cores / jobs;
 - a run that is alone for its whole life keeps every core.
@@ -170,6 +171,19 @@ def materialize_parallel(defs, instance, keys: list, jobs: int, recipe_arg: str 
             failures.append((asset.key.to_user_string(), Outcome(False, error="no partitions yet (materialize what "
                                                                              "registers them)")))
 
+    def cores_of(key) -> float:
+        return cores / jobs if fixed[key] is None else fixed[key]
+
+    def holds_back(task: Task, left: float) -> bool:
+        """Would `task` keep a higher trainer waiting for its cores? One not started, that runs as soon as what runs
+        now is done (training/main after the fit that runs now), and needs more cores than `task` would leave: on the
+        demo the filter ablation (two proxy runs, 44 s) started as mixture_weights did and held training/main back."""
+        now = done | {t.key for t in running.values()}
+        return any(fixed[other.key] is not None and height[other.key] > height[task.key]
+                   and other.key not in done | failed and other.needs <= now
+                   and (other.tasks is None or not any(t.started for t in other.tasks))
+                   and cores_of(other.key) > left + 1e-9 for other in assets.values())
+
     def may_overlap(task: Task) -> bool:
         """Could another run be going on while this one runs (running now, or able to start before it ends)?"""
         if running:
@@ -198,10 +212,11 @@ def materialize_parallel(defs, instance, keys: list, jobs: int, recipe_arg: str 
                 if asset.tasks is None:
                     expand(asset)
             for task in (t for a in ready if a.key not in failed for t in _startable(a, graph, running)):
-                busy = sum(cores / jobs if fixed[t.key] is None else fixed[t.key] for t in running.values())
-                need = cores / jobs if fixed[task.key] is None else fixed[task.key]
-                if running and busy + need > cores + 1e-9:
+                busy = sum(cores_of(t.key) for t in running.values())
+                if running and busy + cores_of(task.key) > cores + 1e-9:
                     break  # it waits for its cores, and what comes after it in priority waits with it
+                if running and holds_back(task, cores - busy - cores_of(task.key)):
+                    continue
                 slot = runner.free_slot()
                 if slot is None:
                     break

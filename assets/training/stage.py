@@ -183,6 +183,10 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, start_from: tuple[st
             "tokens_per_s": train[-1]["tokens_per_s"] if train else 0.0,
             "val_loss": MetadataValue.json(summary.get("val_loss") or {}),
             "skipped_steps": len(summary.get("skipped") or []),
+            # The spike guard's rollbacks: to a checkpoint, or to the initial state before the first one; each leaves
+            # a window of global samples out of the data (the checkpoints' manifests carry the windows too).
+            "rollbacks": MetadataValue.json([{k: r.get(k) for k in ("step", "to_step", "to", "skip_window")}
+                                             for r in records if r.get("event") == "rollback"]),
             "weights": MetadataValue.json(manifest["weights"]),
             **prediction_metadata(inputs.extra.get("prediction"), summary.get("val_loss") or {}, manifest["weights"]),
             "epochs": MetadataValue.json(manifest.get("epochs") or {}),  # this stage's draws ÷ each source's tokens

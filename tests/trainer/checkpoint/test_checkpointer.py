@@ -299,17 +299,25 @@ class GarbageAt:
         return b
 
 
+def _spiky_run(tmp_path, *, every: int):
+    """(config, train source, val sources) of a 14-step run at a high LR, checkpointing every `every` steps, whose
+    guard asks for a rollback after three strikes within five steps."""
+    from trainer.train import build_sources
+
+    cfg = from_dict(RunConfig, _run(tmp_path / "out", train_tokens=14 * 8 * 64, optim={"lr": 1e-2},
+                                    checkpoint={"interval_steps": every, "keep_last": 10},
+                                    guard={"warmup_steps": 4, "loss_ratio": 1.2, "max_strikes": 3,
+                                           "strike_window": 5}))
+    return (cfg, *build_sources(cfg))
+
+
 @pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_rollback_restores_the_checkpoint_before_the_spike_and_skips_the_window(tmp_path):
-    from trainer.train import Trainer, build_sources
+    from trainer.train import Trainer
 
     # Samples 56..79 are garbage: steps 7, 8 and 9 (0-based), three strikes within the window.
     garbage = set(range(56, 80))
-    cfg = from_dict(RunConfig, _run(tmp_path / "out", train_tokens=14 * 8 * 64, optim={"lr": 1e-2},
-                                    checkpoint={"interval_steps": 2, "keep_last": 10},
-                                    guard={"warmup_steps": 4, "loss_ratio": 1.2, "max_strikes": 3,
-                                           "strike_window": 5}))
-    train, val = build_sources(cfg)
+    cfg, train, val = _spiky_run(tmp_path, every=2)
     source = GarbageAt(train, garbage)
     trainer = Trainer(cfg, train_source=source, val_sources=val)
     summary = trainer.fit()
@@ -342,15 +350,11 @@ def test_rollback_restores_the_checkpoint_before_the_spike_and_skips_the_window(
 
 @pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
 def test_a_spike_before_the_first_checkpoint_rolls_back_to_the_initial_state(tmp_path):
-    from trainer.train import Trainer, build_sources
+    from trainer.train import Trainer
 
     # Samples 40..63 are garbage: steps 5, 6 and 7 (0-based), three strikes before the first checkpoint (step 8).
     garbage = set(range(40, 64))
-    cfg = from_dict(RunConfig, _run(tmp_path / "out", train_tokens=14 * 8 * 64, optim={"lr": 1e-2},
-                                    checkpoint={"interval_steps": 8, "keep_last": 10},
-                                    guard={"warmup_steps": 4, "loss_ratio": 1.2, "max_strikes": 3,
-                                           "strike_window": 5}))
-    train, val = build_sources(cfg)
+    cfg, train, val = _spiky_run(tmp_path, every=8)
     source = GarbageAt(train, garbage)
     trainer = Trainer(cfg, train_source=source, val_sources=val)
     summary = trainer.fit()
