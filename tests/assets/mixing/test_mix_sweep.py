@@ -39,7 +39,7 @@ def test_demo_spec(monkeypatch):
     assert spec.code_version == code_version("mix_sweep", spec.code_sha256, mixing_section(recipe))
     assert spec.asset_args["partitions_def"] == CANDIDATES
     assert "automation_condition" not in spec.asset_args  # the mixing sensor runs new partitions (test_schedule.py)
-    assert spec.asset_args["metadata"]["launch"].value == {"max_restarts": 2}
+    assert spec.asset_args["metadata"]["launch"].value == {"max_restarts": 2, "threads": 1}
     assert spec.resources == frozenset({"launcher"}) and spec.out_name == "result"
 
 
@@ -84,7 +84,7 @@ def test_the_proxy_run_and_the_average_target_loss(monkeypatch, tmp_path):
     (work / "result").mkdir(parents=True)
     assert spec.build(inputs.but(work=work), work / "result") == {}
     [(run, settings)] = launcher.runs
-    assert settings == {"max_restarts": 2}
+    assert settings == {"max_restarts": 2, "threads": 1}  # a proxy's fixed threads
     assert {k: v for k, v in run.items() if k in proxy_settings(recipe)} == proxy_settings(recipe)
     assert run["stage"] == "proxy-mix-a" and run["output_dir"] == str(work / "out")
     assert run["data"] == {"shards": {s: str(tmp_path / "store" / outs[s].prefix) for s in PRIOR}, "weights": CANDIDATE}
