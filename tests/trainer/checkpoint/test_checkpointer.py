@@ -352,34 +352,35 @@ def test_rollback_restores_the_checkpoint_before_the_spike_and_skips_the_window(
 def test_a_spike_before_the_first_checkpoint_rolls_back_to_the_initial_state(tmp_path):
     from trainer.train import Trainer
 
-    # Samples 40..63 are garbage: steps 5, 6 and 7 (0-based), three strikes before the first checkpoint (step 8).
-    garbage = set(range(40, 64))
-    cfg, train, val = _spiky_run(tmp_path, every=8)
+    # Samples 56..79 are garbage: steps 7, 8 and 9 (0-based), three strikes before the first checkpoint (step 12).
+    # (Earlier steps would not do: the loss is still near a uniform guess's there, so noise is no spike.)
+    garbage = set(range(56, 80))
+    cfg, train, val = _spiky_run(tmp_path, every=12)
     source = GarbageAt(train, garbage)
     trainer = Trainer(cfg, train_source=source, val_sources=val)
     summary = trainer.fit()
     records = read_metrics(tmp_path / "out")
     (rollback,) = [r for r in records if r["event"] == "rollback"]
-    assert rollback["skip_window"] == [40, 64] and rollback["to_step"] == 0 and rollback["step"] == 8
+    assert rollback["skip_window"] == [56, 80] and rollback["to_step"] == 0 and rollback["step"] == 10
     assert rollback["to"] == "initial state"
-    # The initial state came back: the first five steps replay the same losses on the same samples.
+    # The initial state came back: the steps before the garbage replay the same losses (train records 1-6).
     before, after = records[:records.index(rollback)], records[records.index(rollback):]
-    first = [(r["step"], r["loss"]) for r in before if r["event"] == "train" and r["step"] < 5]
-    assert len(first) == 5 and [(r["step"], r["loss"]) for r in after if r["event"] == "train"][:5] == first
-    assert [h["samples"] for h in trainer.history][4:6] == [[32, 40], [64, 72]]
+    first = [(r["step"], r["loss"]) for r in before if r["event"] == "train" and r["step"] < 7]
+    assert len(first) == 6 and [(r["step"], r["loss"]) for r in after if r["event"] == "train"][:6] == first
+    assert [h["samples"] for h in trainer.history][6:8] == [[48, 56], [80, 88]]
     assert summary["steps"] == 14 and summary["sample_index"] == 14 * 8 + 24 and summary["skipped"] == []
     assert not [r for r in after if r["event"] == "skip"]
     local = LocalCheckpoints(tmp_path / "out" / "checkpoints")
-    assert local.committed() == [8, 14] and local.manifest(8)["skip_windows"] == [[40, 64]]
+    assert local.committed() == [12, 14] and local.manifest(12)["skip_windows"] == [[56, 80]]
 
     # Killed after the rollback and resumed from its first checkpoint: the window stays skipped, the losses replay.
     shutil.rmtree(local.path(14))
     source2 = GarbageAt(train, garbage)
     resumed = Trainer(cfg, train_source=source2, val_sources=val)
-    assert resumed.state.skip_windows == [[40, 64]] and resumed.state.sample_index == 8 * 8 + 24
+    assert resumed.state.skip_windows == [[56, 80]] and resumed.state.sample_index == 12 * 8 + 24
     resumed.fit()
     assert not set(source2.served) & garbage
-    assert [h["loss"] for h in resumed.history] == [h["loss"] for h in trainer.history if h["step"] >= 8]
+    assert [h["loss"] for h in resumed.history] == [h["loss"] for h in trainer.history if h["step"] >= 12]
 
 
 @pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores
