@@ -90,6 +90,13 @@ class SourceConfig(BaseModel):
                 raise ValueError(f"dump name {dump!r} must match {DUMP_NAME} (it becomes a partition and a folder)")
         if dumps is not None and len(set(dumps)) != len(dumps):
             raise ValueError(f"a dump is named twice: {dumps}")
+        # The sequential dedup takes a crawl's dumps in name order (assets/dumps.py): a list in another order would be
+        # deduplicated in an order it does not show ('dump2' after 'dump10').
+        for earlier, later in zip(dumps or [], (dumps or [])[1:]):
+            if later < earlier:
+                raise ValueError(f"{later!r} is listed after {earlier!r} but sorts before it: dumps are deduplicated in "
+                                 f"name order, so list them in that order ({sorted(dumps)}), or name them so that it is "
+                                 "their time order (CC-MAIN-2024-10, dump02)")
         return dumps
 
     @model_validator(mode="after")

@@ -311,7 +311,8 @@ STEP_CODE: dict[str, tuple[str, ...]] = {
         "_BATCH_DOCUMENTS", "_BATCH_WINDOWS", "_CHARS_PER_TOKEN")),
     "pii": tuple(f"filters.pii:{name}" for name in (
         "PiiScrubber", "scrub_pii", "_scan", "_Rule", "_RULES", "_OCTET", "_luhn", "_card", "_iban", "_b64_json",
-        "_jwt", "_ssn", "_VERSION_BEFORE", "_ipv4", "_ipv6", "_phone")),
+        "_jwt", "_ssn", "_VERSION_BEFORE", "_NAME_BEFORE", "_ADDRESS_WORDS", "_ipv4", "_issn", "_number_range", "_ipv6",
+        "_phone")),
 }
 # What every source's filtering runs, whatever its steps (names in steps.py).
 PIPELINE_CODE = ("filter_steps", "filter_pipeline", "filter_counts")

@@ -9,7 +9,7 @@ SSN areas, `ipaddress` for IPv6, no "version" before an IPv4-looking string). Ru
 first, over the original text: a span one rule takes (or shields) is out of every later rule's reach, so a
 GitHub token in a clone URL is a GITHUB_TOKEN, not the local part of an e-mail address. A candidate that fails a
 shielding rule's check (an IBAN with wrong check digits, a version string) is left as it is and shielded from
-the rest. Digit runs are taken whole or not at all: the card, phone and SSN rules refuse to start or end next to
+the rest, and so is a lookalike that passes a keeping rule's check (an ISSN, a page range: not phone numbers). Digit runs are taken whole or not at all: the card, phone and SSN rules refuse to start or end next to
 another digit group, so no rule replaces part of a longer number and leaves the rest visible.
 """
 
@@ -37,6 +37,7 @@ class _Rule:
     pattern: re.Pattern  # the span replaced is group "value" where the pattern has one, else the whole match
     check: Callable[[re.Match], bool] | None = None
     shields: bool = False  # a candidate failing `check` is still kept out of later rules' reach
+    keep: bool = False  # a lookalike: a candidate passing `check` is left as it is, out of later rules' reach
     needle: str = ""  # text every match contains: a text without it skips the pattern (a substring test is cheap)
 
 
@@ -94,12 +95,37 @@ def _ssn(match: re.Match) -> bool:
 
 
 _VERSION_BEFORE = re.compile(r"(?i)\b(?:version|ver|v|release|build|rev)\.?:?\s*$")
+# A product or component name right before: capitalized, with a lower-case letter (an acronym such as IP or DNS is no
+# product name), and not a word an address follows ("Server 10.0.0.1", "From 192.168.1.1").
+_NAME_BEFORE = re.compile(r"(?<![\w.-])([A-Z][\w+-]*[a-z][\w+-]*) $")
+_ADDRESS_WORDS = frozenset(
+    "address addr at bind client connect connected connecting destination dns from gateway host ip listening local "
+    "node peer ping proxy public private remote router server source subnet target to via".split())
 
 
 def _ipv4(match: re.Match) -> bool:
-    """Not a version string: "version 1.13.6.34" and "v 2.0.1.3" are valid addresses by shape, so the words
-    before decide (dotted runs of more than four numbers never match the pattern)."""
-    return _VERSION_BEFORE.search(match.string, max(0, match.start() - 12), match.start()) is None
+    """Not a version string: "version 1.13.6.34", "v 2.0.1.3", "Python 3.10.12.1" and "Kernel 2.6.32.71" are valid
+    addresses by shape, so the words before decide (dotted runs of more than four numbers never match the pattern)."""
+    before = match.string[max(0, match.start() - 40):match.start()]
+    if _VERSION_BEFORE.search(before[-12:]):
+        return False
+    name = _NAME_BEFORE.search(before)
+    return name is None or name.group(1).lower() in _ADDRESS_WORDS
+
+
+def _issn(match: re.Match) -> bool:
+    """An ISSN's check character (ISO 3297): the first seven digits weighted 8 down to 2, plus the check (X is 10),
+    make a multiple of 11."""
+    digits = match.group(0).replace("-", "")
+    total = sum(int(d) * w for d, w in zip(digits[:7], range(8, 1, -1)))
+    check = 10 if digits[7] in "Xx" else int(digits[7])
+    return (total + check) % 11 == 0
+
+
+def _number_range(match: re.Match) -> bool:
+    """A page or number range ("pp. 0123-4567"): two runs of equal length, the second the larger."""
+    first, second = re.split(r"[-\u2013]", match.group(0))
+    return len(first) == len(second) and int(first) < int(second)
 
 
 def _ipv6(match: re.Match) -> bool:
@@ -151,15 +177,22 @@ _RULES: tuple[_Rule, ...] = (
         r"(?<![\w:])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{1,4}|(?:\d{1,3}\.){3}\d{1,3})?(?![\w:])"), _ipv6),
     # Four numbers, not part of a longer dotted run ("1.2.3.4.5"); a sentence's full stop may follow.
     _Rule("ip", "IPV4", re.compile(rf"(?<![\w.])(?:{_OCTET}\.){{3}}{_OCTET}(?!\w|\.\d)"), _ipv4, shields=True),
+    # Lookalikes of a phone number, shielded from the phone rule and left as they are: an ISSN ("ISSN 0028-0836", its
+    # check character valid) and a page or number range ("pp. 0123-4567"), each a whole run, not part of a number.
+    _Rule("phone", "ISSN", re.compile(r"(?<![\w+/.-])(?<!\d )\d{4}-\d{3}[\dXx](?![\w/-])(?![ -]?\d)"), _issn,
+          keep=True, needle="-"),
+    _Rule("phone", "RANGE", re.compile(r"(?<![\w+/.-])(?<!\d )\d{1,6}[-\u2013]\d{1,6}(?![\w/.-])(?![ -]?\d)"),
+          _number_range, keep=True),
     # Only shapes that are phone numbers and rarely anything else (8-15 digits): an international +CC number in up
-    # to five groups, an (area) code, a national number with its trunk 0 and its groups ("030 / 226 343-0"), a
-    # North American 555-123-4567. Plain digit groups ("120 125 130", coordinates, prices) are not phone numbers,
-    # nor is part of a longer digit run.
+    # to five groups, an (area) code, a national number with its trunk 0 and its groups ("030 / 226 343-0"), a French
+    # one in five pairs, a North American 555-123-4567; groups apart by spaces, dashes or dots. Plain digit groups
+    # ("120 125 130", coordinates, prices, dates such as 15.01.2024) are not phone numbers, nor is part of a longer run.
     _Rule("phone", "PHONE", re.compile(
-        r"(?<![\w+/.-])(?<!\d )(?:\+\d{1,3}(?:[ -]?\(?\d{1,5}\)?){1,5}"
-        r"|\(0?\d{2,5}\)[ -]?\d{3,4}[ -]?\d{2,5}"
-        r"|0\d{1,4}(?: ?/ ?|[ -])\d{3,9}(?:[ -]\d{1,5}){0,3}"
-        r"|\d{3}([-.])\d{3}\1\d{4})(?![\w/-])(?! \d)"), _phone),
+        r"(?<![\w+/.-])(?<!\d )(?:\+\d{1,3}(?:[ .-]?\(?\d{1,5}\)?){1,5}"
+        r"|\(0?\d{2,5}\)[ .-]?\d{3,4}[ .-]?\d{2,5}"
+        r"|0\d{1,4}(?: ?/ ?|[ .-])\d{3,9}(?:[ .-]\d{1,5}){0,3}"
+        r"|0\d(?P<pair>[ .-])\d\d(?:(?P=pair)\d\d){3}"
+        r"|\d{3}(?P<na>[-.])\d{3}(?P=na)\d{4})(?![\w/-])(?!\.\d)(?! \d)"), _phone),
 )
 
 
@@ -180,7 +213,7 @@ def _scan(text: str, config: PiiConfig) -> list[tuple[int, int, str]]:
             if valid or rule.shields:
                 starts.insert(at, start)
                 ends.insert(at, end)
-            if valid:
+            if valid and not rule.keep:
                 found.append((start, end, rule.kind))
     return sorted(found)
 

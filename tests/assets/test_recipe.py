@@ -43,8 +43,12 @@ def test_pretrain_recipe_env_chooses_the_recipe(tmp_path, monkeypatch):
         (lambda raw: raw["sources"][3].update(inputs=["jsonl/no-such-file-*.jsonl.gz"]), "sources[3] (c4).inputs: "),
         (lambda raw: raw["sources"].append(dict(raw["sources"][0])), "source name 'web' is used twice"),
         (lambda raw: raw["sources"][0].update(name="Web Pages"), "sources[0] (Web Pages).name"),
+        # Deduplicated in name order, so a list in another order is refused rather than taken in an order it hides.
+        (lambda raw: raw["sources"][3].update(inputs=["jsonl/{dump}/*.jsonl.gz"], dumps=["dump2", "dump10"]),
+         "sources[3] (c4).dumps: Value error, 'dump10' is listed after 'dump2' but sorts before it"),
     ],
-    ids=["unknown-top-key", "unknown-source-key", "wrong-type", "unknown-reader-key", "bad-format", "missing-input", "duplicate-name", "bad-name"],
+    ids=["unknown-top-key", "unknown-source-key", "wrong-type", "unknown-reader-key", "bad-format", "missing-input", "duplicate-name", "bad-name",
+         "dumps-out-of-order"],
 )
 def test_bad_recipe_names_the_file_and_the_field(tmp_path, mutate, expected):
     path = write_recipe(tmp_path, mutate)

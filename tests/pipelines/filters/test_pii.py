@@ -68,6 +68,12 @@ LOOKALIKES = [
     "Invalid SSNs: 000-12-3456, 666-12-3456, 912-34-5678, 123-00-4567 and 123-45-0000.",
     "A 20-digit tracking code 4111 1111 1111 1111 2222 is no card.",
     "Doors open 12:30:45, std::vector costs 3.14 EUR, version 1.2.3, items 120 125 130, coords 53.369889",
+    # Nature's ISSN (check: 0·8 + 0·7 + 2·6 + 8·5 + 0·4 + 8·3 + 3·2 = 82, and 82 + 6 = 88 = 8 · 11) and a page range:
+    # 8 digits with a trunk 0, so the phone rule took both.
+    "Nature (ISSN 0028-0836) printed it on pp. 0123-4567 of the volume.",
+    # Dotted versions after a product or component name, four numbers like an address.
+    "Python 3.10.12.1 and Kernel 2.6.32.71 fixed it; Chrome 120.0.6099.109 too.",
+    "Dates written 15.01.2024 and 01.12.2024, pi 3.14159, a ratio 0.1234, a range 100-200.",
 ]
 
 
@@ -152,6 +158,18 @@ def test_phone_numbers_of_real_pages_are_taken_whole():
     expected = ("Tel: <PHONE>, Fax: <PHONE> Mail. Tel. <PHONE>, Kontakt <PHONE>. "
                 "Dietsch (<PHONE>) gerne. Hokkaido 094-0011 Japan <PHONE>.")
     assert scrub_pii(text) == (expected, {"PHONE": 6})
+
+
+def test_phone_numbers_in_every_common_written_form_are_scrubbed():
+    """Spaces, dashes, dots, parentheses and a leading +country code; the dotted forms went through before."""
+    numbers = ["030 226 343 0", "030-2263430", "030.226.34.30", "01.23.45.67.89", "01 23 45 67 89", "(030) 226.3430",
+               "+49 30 2263430", "+49-30-2263430", "+49.30.2263430", "+33 1 23 45 67 89", "555.123.4567",
+               "555-123-4567", "+1 (555) 123-4567"]
+    text = " and ".join(f"call {n}" for n in numbers) + "."
+    assert scrub_pii(text) == (" and ".join("call <PHONE>" for _ in numbers) + ".", {"PHONE": len(numbers)})
+    # An address after a word an address follows stays an address, at a sentence's start too.
+    assert scrub_pii("Server 10.0.0.1 answers. From 192.168.1.1 it came.") == (
+        "Server <IPV4> answers. From <IPV4> it came.", {"IPV4": 2})
 
 
 def test_a_switched_off_group_is_left_whole_and_no_other_rule_takes_part_of_it():
