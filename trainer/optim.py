@@ -19,25 +19,29 @@ from trainer.model.transformer import Transformer
 def param_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
     """Two groups: decayed matrices, and undecayed norm gains / biases (and embeddings unless asked).
 
-    Under μP (a Transformer with model.parametrization "mup" in `model`) the hidden matrices are a third group,
-    "hidden", first: its `lr_scale` 1/m is μP's Adam LR for hidden weights (TP5 Table 8; the embedding, head and
-    norm gains keep the base width's LR), and set_lr multiplies the schedule's LR by it at every step. Its weight
-    decay is × m, so AdamW's decoupled decay per step (LR × weight_decay) is the base width's, as the mup package's
-    MuAdamW does for torch's AdamW (decoupled_wd=False): the decay's timescale does not grow with width."""
+    Under μP (a Transformer with model.parametrization "mup" in `model`) the hidden matrices come first, a group per
+    fan-in ratio r to the base model (Transformer.fan_in_ratios: "hidden" for r = m, "hidden_mlp_out" for mlp.w2
+    where the MLP width grows by another ratio): its `lr_scale` 1/r is μP's Adam LR for hidden weights (TP5 Table 8;
+    the embedding, head and norm gains keep the base width's LR), and set_lr multiplies the schedule's LR by it at
+    every step. Its weight decay is × r, so AdamW's decoupled decay per step (LR × weight_decay) is the base width's,
+    as the mup package's MuAdamW does for torch's AdamW (decoupled_wd=False): the decay's timescale does not grow
+    with width."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     mup = [t for t in model.modules() if isinstance(t, Transformer) and t.cfg.parametrization == "mup"]
-    hidden_ids = {id(p) for t in mup for p in t.hidden_matrices()}
-    hidden, decay, no_decay = [], [], []
+    ratios = {k: v for t in mup for k, v in t.fan_in_ratios().items()}
+    hidden: dict[float, list] = {}
+    decay, no_decay = [], []
     for p in model.parameters():
         if not p.requires_grad:
             continue
         is_matrix = p.ndim >= 2 and (cfg.decay_embeddings or id(p) not in embeddings)
-        (hidden if id(p) in hidden_ids else decay if is_matrix else no_decay).append(p)
-    groups = []
-    if mup:
-        m = mup[0].width_mult
-        groups.append({"params": hidden, "lr": cfg.lr / m, "weight_decay": cfg.weight_decay * m, "lr_scale": 1.0 / m,
-                       "name": "hidden"})
+        if id(p) in ratios:
+            hidden.setdefault(ratios[id(p)], []).append(p)
+        else:
+            (decay if is_matrix else no_decay).append(p)
+    m = mup[0].width_mult if mup else 1.0
+    groups = [{"params": params, "lr": cfg.lr / r, "weight_decay": cfg.weight_decay * r, "lr_scale": 1.0 / r,
+               "name": "hidden" if r == m else "hidden_mlp_out"} for r, params in hidden.items()]
     groups.append({"params": decay, "weight_decay": cfg.weight_decay, "name": "decay"})
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0, "name": "no_decay"})

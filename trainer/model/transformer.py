@@ -10,7 +10,11 @@ doc_ids (FlexAttention runs on CPU only unfused and eagerly, far slower than SDP
 
 μP (model.parametrization "mup"): Tensor Programs V (Yang et al. 2022, arXiv 2203.03466), Table 8, its
 formulation with an output multiplier, for Adam, relative to the base width (m = d_model / mup_base_width):
-    hidden weights (every block's matrices)   init variance ∝ 1/fan_in (std × 1/√m), Adam LR × 1/m
+    hidden weights (every block's matrices)   each by its own fan-in ratio r to the base model's (TP5, the mup
+                                              package): init variance ∝ 1/fan_in (std × 1/√r), Adam LR × 1/r;
+                                              r = m but for mlp.w2, whose fan-in is the MLP width: the default
+                                              rounding (Llama's 8/3 · d_model to a multiple of 64) grows it 5.5×
+                                              from 32 to 256 while m = 8
     input weights (the embedding), norm gains init and Adam LR as at the base width
     output weights (the head)                 init and Adam LR as at the base width, logits × 1/m
     attention                                 q·k / d_head (TP5's rule) instead of / √d_head, × √(base d_head):
@@ -112,6 +116,14 @@ def width_mult(cfg: ModelConfig) -> float:
     return cfg.d_model / cfg.mup_base_width if cfg.parametrization == "mup" else 1.0
 
 
+def mlp_width_mult(cfg: ModelConfig) -> float:
+    """The MLP width's ratio to the base model's under μP: mlp.w2's fan-in ratio. With the default d_ff the base's is
+    the same rounding at mup_base_width; a d_ff given is taken to scale with d_model (the ratio is m)."""
+    if cfg.parametrization != "mup" or cfg.d_ff is not None:
+        return width_mult(cfg)
+    return cfg.ff_dim / cfg.model_copy(update={"d_model": cfg.mup_base_width}).ff_dim
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -206,7 +218,7 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.width_mult = width_mult(cfg)  # μP's m (1.0 standard): hidden init and LR, and the logits, scale by it
+        self.width_mult = width_mult(cfg)  # μP's m (1.0 standard): the logits scale by it, most hidden matrices too
         self.reset_parameters()
 
     @torch.no_grad()
@@ -214,18 +226,27 @@ class Transformer(nn.Module):
         # normal(0, 0.02); the projections that write into the residual stream scaled by 1/sqrt(2L)
         # so the residual's variance does not grow with depth (GPT-2 / Megatron).
         std, out_std = self.cfg.init_std, self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
-        hidden = {id(p) for p in self.hidden_matrices()} if self.width_mult != 1.0 else set()
+        ratios = self.fan_in_ratios()
         for name, p in self.named_parameters():
             if p.ndim < 2:
                 continue  # norm gains stay 1
             s = out_std if name.endswith(("attn.wo.weight", "mlp.w2.weight")) else std
-            # μP: a hidden weight's variance goes as 1/fan_in (TP5 Table 8), the base width's at m = 1.
-            nn.init.normal_(p, mean=0.0, std=s / math.sqrt(self.width_mult) if id(p) in hidden else s)
+            # μP: a hidden weight's variance goes as 1/fan_in (TP5 Table 8), the base model's at ratio 1.
+            nn.init.normal_(p, mean=0.0, std=s / math.sqrt(ratios.get(id(p), 1.0)))
 
     def hidden_matrices(self) -> list[nn.Parameter]:
         """μP's hidden weights: the matrices whose two sides both grow with width (every block's projections). Not the
         embedding (its input side is the vocabulary) nor the head (its output side is): those are vector-like."""
         return [p for p in self.blocks.parameters() if p.ndim >= 2]
+
+    def fan_in_ratios(self) -> dict[int, float]:
+        """{id(hidden matrix): its fan-in over the base model's} under μP (empty for the standard model): m for
+        every projection whose input is the model width or the heads, the MLP width's ratio for mlp.w2."""
+        if self.cfg.parametrization != "mup":
+            return {}
+        ratios = {id(p): self.width_mult for p in self.hidden_matrices()}
+        ratios.update({id(block.mlp.w2.weight): mlp_width_mult(self.cfg) for block in self.blocks})
+        return ratios
 
     def forward(self, tokens, doc_ids=None, positions=None, sp=None):
         """tokens (B, T) -> logits (B, T, V). doc_ids (B, T) confine attention to each document;

@@ -26,10 +26,10 @@ BASE = 32
 
 
 def shape(width: int, parametrization: str = "mup", **fields) -> ModelConfig:
-    """A byte-level model of `width`; its MLP is 2 × width wide (Llama's rounding to 64 would make it 4× at width 32
-    and 2.75× at 256: μP scales every hidden matrix by the one ratio d_model / mup_base_width)."""
+    """A byte-level model of `width` with the default MLP width: Llama's 8/3 · width rounded up to 64, which is 4× the
+    width at 32 and 2.75× at 256, so mlp.w2's fan-in grows 5.5× while m = 8 (μP scales it by its own ratio)."""
     mup = {"parametrization": "mup", "mup_base_width": BASE} if parametrization == "mup" else {}
-    return ModelConfig(vocab_size=256, d_model=width, n_layers=fields.pop("n_layers", 2), n_heads=4, d_ff=2 * width,
+    return ModelConfig(vocab_size=256, d_model=width, n_layers=fields.pop("n_layers", 2), n_heads=4,
                        attention="sdpa", doc_positions=False, **mup, **fields)
 
 
@@ -76,15 +76,18 @@ def test_the_standard_model_keeps_its_two_groups_and_the_schedules_lr():
         ("decay", 0.00123, False), ("no_decay", 0.00123, False)]
 
 
-def test_hidden_matrices_get_the_width_ratio_in_init_lr_and_weight_decay_and_the_logits_the_output_multiplier():
+def test_hidden_matrices_get_their_fan_in_ratio_in_init_lr_and_weight_decay_and_the_logits_the_output_multiplier():
     width, m = 256, 256 / BASE
+    # mlp.w2's fan-in is the MLP width: 704 at width 256 against the base's 128 (8/3 · 32 = 85.3, rounded up to 64).
+    assert (shape(width).ff_dim, shape(BASE).ff_dim) == (704, 128)
+    r = 704 / 128  # 5.5, not m = 8
     torch.manual_seed(0)
     model = CausalLM(shape(width))
     t = model.transformer
     assert t.width_mult == m and t.blocks[0].attn.scale == pytest.approx(math.sqrt(BASE // 4) / (width // 4))
-    # Hidden weights: std × 1/√m (variance ∝ 1/fan_in); the embedding and head keep init_std.
+    # Hidden weights: std × 1/√(fan-in ratio) (variance ∝ 1/fan_in); the embedding and head keep init_std.
     assert t.blocks[0].attn.wq.weight.std().item() == pytest.approx(0.02 / math.sqrt(m), rel=0.02)
-    assert t.blocks[0].mlp.w2.weight.std().item() == pytest.approx(0.02 / math.sqrt(2 * 2) / math.sqrt(m), rel=0.02)
+    assert t.blocks[0].mlp.w2.weight.std().item() == pytest.approx(0.02 / math.sqrt(2 * 2) / math.sqrt(r), rel=0.02)
     assert t.head.weight.std().item() == pytest.approx(0.02, rel=0.02)
     assert t.tok_emb.weight.std().item() == pytest.approx(0.02, rel=0.02)
     optimizer = build_optimizer(model, OptimConfig(lr=3e-3, weight_decay=0.1))
@@ -92,10 +95,17 @@ def test_hidden_matrices_get_the_width_ratio_in_init_lr_and_weight_decay_and_the
     lr = lr_at(50, peak_lr=3e-3, train_tokens=1000, cfg=schedule)
     set_lr(optimizer, lr)
     groups = {g["name"]: g for g in optimizer.param_groups}
-    assert {id(p) for p in groups["hidden"]["params"]} == {id(p) for p in t.hidden_matrices()}
-    assert len(groups["hidden"]["params"]) == 2 * 7  # wq wk wv wo w1 w2 w3 of 2 blocks
+    w2 = {id(block.mlp.w2.weight) for block in t.blocks}
+    assert {id(p) for p in groups["hidden"]["params"]} == {id(p) for p in t.hidden_matrices()} - w2
+    assert len(groups["hidden"]["params"]) == 2 * 6  # wq wk wv wo w1 w3 of 2 blocks
     assert groups["hidden"]["lr"] == pytest.approx(lr / m)
     assert groups["hidden"]["weight_decay"] == pytest.approx(0.1 * m)
+    assert {id(p) for p in groups["hidden_mlp_out"]["params"]} == w2
+    assert groups["hidden_mlp_out"]["lr"] == pytest.approx(lr / r)
+    assert groups["hidden_mlp_out"]["weight_decay"] == pytest.approx(0.1 * r)
+    # A d_ff given is taken to scale with the width: one ratio, m, for every hidden matrix.
+    fixed = build_optimizer(CausalLM(shape(width, d_ff=2 * width)), OptimConfig())
+    assert [g["name"] for g in fixed.param_groups] == ["hidden", "decay", "no_decay"]
     assert [p is t.head.weight for p in groups["decay"]["params"]] == [True]
     assert groups["decay"]["lr"] == lr and groups["no_decay"]["lr"] == lr
     # The logits are the head's output × 1/m.
@@ -259,7 +269,9 @@ def test_zero1_applies_the_multipliers_through_the_schedule_and_a_checkpoint_ref
         assert rec.lr == lr_at(step * 8 * 64, peak_lr=3e-3, train_tokens=3 * 8 * 64, cfg=trainer.cfg.schedule)
         # The groups DeepSpeed's optimizer steps with: the schedule's LR, × 1/m on the hidden group.
         lrs = {g["name"]: g["lr"] for g in trainer.engine.optimizer.param_groups}
-        assert lrs == {"hidden": rec.lr / 4, "decay": rec.lr, "no_decay": rec.lr}
+        # mlp.w2's own ratio: its fan-in, the MLP width, is 384 at width 128 against the base's 128.
+        assert lrs == pytest.approx({"hidden": rec.lr / 4, "hidden_mlp_out": rec.lr / 3, "decay": rec.lr,
+                                     "no_decay": rec.lr})
         if step == 1:
             # Adam's first step moves each weight by about its LR (m̂/√v̂ = ±1; weight decay adds lr·wd·w, 0.1%):
             # the update itself took the hidden group's LR.
@@ -275,8 +287,8 @@ def test_zero1_applies_the_multipliers_through_the_schedule_and_a_checkpoint_ref
     rec = resumed.run_step()
     assert rec.samples == (16, 24)  # the third batch
     assert rec.lr == lr_at(3 * 8 * 64, peak_lr=3e-3, train_tokens=3 * 8 * 64, cfg=resumed.cfg.schedule)
-    assert {g["name"]: g["lr"] for g in resumed.engine.optimizer.param_groups} == {
-        "hidden": rec.lr / 4, "decay": rec.lr, "no_decay": rec.lr}
+    assert {g["name"]: g["lr"] for g in resumed.engine.optimizer.param_groups} == pytest.approx({
+        "hidden": rec.lr / 4, "hidden_mlp_out": rec.lr / 3, "decay": rec.lr, "no_decay": rec.lr})
     resumed.close()
 
     # A resume with another parametrization, or base width, is refused naming the field, before any engine is built.
