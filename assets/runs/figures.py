@@ -15,7 +15,8 @@ from __future__ import annotations
 FIGURES = [("documents", "{:,} documents"), ("documents_in", "of {:,}"), ("tokens_train", "{:,} tokens"),
            ("tokens", "{:,} tokens"), ("final_loss", "loss {:.3f}"), ("target_loss", "target loss {:.3f}"),
            ("predicted_target_loss", "predicted target loss {:.3f}"), ("val_loss", "val_loss {:.3f}"),
-           ("canary_loss", "canary loss {:.3f}"), ("roc_auc", "ROC AUC {:.2f}"), ("val_perplexity", "perplexity {:.0f}"),
+           ("canary_loss", "canary loss {:.3f}"), ("roc_auc_held_out", "held-out ROC AUC {:.2f}"),
+           ("val_perplexity", "perplexity {:.0f}"),
            ("vocab_size", "vocabulary {:,}"), ("runs_trained", "{:,} proxy runs trained"), ("verdict_text", "{}")]
 
 

@@ -1,9 +1,9 @@
 """assets/curation/quality_classifier.py: the OutputSpec for the demo recipe (key, reads of the negative and
 boilerplate sources, section), a negative source the recipe lacks, prepare's fingerprints and missing-file error,
-the build on a small corpus (both models scored, the recipe's `model` is the output), the boilerplate of real
-WARC pages, the recipe's bad `model`, and metadata with the majority baseline. The build on the demo's sources is
-covered by the slow curation tests; the new model's ROC AUC on the labelled documents by
-tests/pipelines/filters/test_steps.py."""
+the build on a small corpus (both models scored on the selection half, the recipe's `model` on the held-out half
+and as the output), the boilerplate of real WARC pages, the recipe's bad `model`, and metadata with the majority
+baseline. The build on the demo's sources is covered by the slow curation tests; the model's held-out ROC AUC on the
+labelled documents by tests/pipelines/filters/test_quality.py."""
 
 import gzip
 import hashlib
@@ -75,20 +75,28 @@ def test_prepare_fingerprints_every_file_and_names_a_missing_one(monkeypatch, tm
     assert ValueError in spec.failures
 
 
-def test_metadata_has_both_models_and_the_majority_baseline(monkeypatch, tmp_path):
+def test_metadata_has_the_held_out_figures_beside_the_compared_ones(monkeypatch, tmp_path):
     recipe, config = tiny(tmp_path, positive_files=("good.txt",), negative_files=("bad.txt",), model="linear_words")
     spec = spec_of(monkeypatch, recipe, config)
-    manifest = {"model": "linear_words", "label_balance": 0.3,
-                "models": {"linear_words": {"accuracy": 0.8, "roc_auc": 0.85},
-                           "linear_bigrams": {"accuracy": 0.75, "roc_auc": 0.9}},
-                "counts": {"labelled": 10, "positives": 5, "negatives": 7, "boilerplate_pages": 2}}
+    manifest = {"model": "linear_words",
+                "models": {"linear_words": {"documents": 5, "accuracy": 0.8, "roc_auc": 0.85, "majority_baseline": 0.6},
+                           "linear_bigrams": {"documents": 5, "accuracy": 0.6, "roc_auc": 0.9,
+                                              "majority_baseline": 0.6}},
+                "held_out": {"documents": 4, "accuracy": 0.75, "roc_auc": 0.7, "majority_baseline": 0.5},
+                "counts": {"positives": 5, "negatives": 7, "boilerplate_pages": 2}}
     meta = spec.metadata(None, Output(spec.key, "p", manifest))
-    assert meta == {"model": "linear_words", "accuracy": 0.8, "roc_auc": 0.85,
+    assert meta == {"model": "linear_words",
+                    "roc_auc_held_out": 0.7, "accuracy_held_out": 0.75, "held_out_documents": 4,
+                    "majority_baseline_held_out": 0.5,
+                    "roc_auc_selection": 0.85, "accuracy_selection": 0.8, "selection_documents": 5,
                     "accuracy_linear_words": 0.8, "roc_auc_linear_words": 0.85,
-                    "accuracy_linear_bigrams": 0.75, "roc_auc_linear_bigrams": 0.9,
-                    "labelled_documents": 10, "majority_baseline": 0.7, "positives": 5, "negatives": 7,
-                    "boilerplate_pages": 2}
-    assert spec.metadata(None, Output(spec.key, "p", {**manifest, "label_balance": None}))["majority_baseline"] is None
+                    "accuracy_linear_bigrams": 0.6, "roc_auc_linear_bigrams": 0.9,
+                    "positives": 5, "negatives": 7, "boilerplate_pages": 2}
+    # Without labelled files there is nothing to score: the figures are None, not an error.
+    bare = {**manifest, "held_out": None, "models": {"linear_words": None, "linear_bigrams": None}}
+    meta = spec.metadata(None, Output(spec.key, "p", bare))
+    assert meta["roc_auc_held_out"] is None and meta["roc_auc_selection"] is None
+    assert meta["roc_auc_linear_words"] is None
 
 
 GOOD = ("The theorem follows from the lemma, and the proof of the corollary uses the same axiom. " * 8).strip()
@@ -99,7 +107,8 @@ BAD = ("Click here to buy now, free shipping on every cheap deal, sign up for ou
 def test_the_build_scores_both_models_and_outputs_the_recipes(monkeypatch, tmp_path, model, word_ngrams):
     (tmp_path / "good.txt").write_text(GOOD)
     (tmp_path / "bad.txt").write_text(BAD)
-    rows = [{"text": GOOD[:200], "label": 1}, {"text": BAD[:200], "label": 0}, {"text": "the proof", "label": 1}]
+    rows = [{"text": GOOD[:200], "label": 1}, {"text": BAD[:200], "label": 0}, {"text": "the proof", "label": 1},
+            {"text": "buy now", "label": 0}]
     (tmp_path / "labels.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     recipe, config = tiny(tmp_path, positive_files=("good.txt",), negative_files=("bad.txt",),
                           labelled_files=("labels.jsonl",), model=model, chunk_words=40, min_chunk_words=10,
@@ -110,16 +119,19 @@ def test_the_build_scores_both_models_and_outputs_the_recipes(monkeypatch, tmp_p
     out = tmp_path / "out"
     manifest = spec.build(inputs.but(work=tmp_path / "work"), out)
     assert manifest["model"] == model and set(manifest["models"]) == {"linear_words", "linear_bigrams"}
+    # A separable toy: every model ranks it right, on each half (one of each label).
+    perfect = {"documents": 2, "accuracy": 1.0, "roc_auc": 1.0, "majority_baseline": 0.5}
     for figures in manifest["models"].values():
-        assert figures == {"accuracy": 1.0, "roc_auc": 1.0}  # a separable toy: every model ranks it right
-    assert manifest["label_balance"] == pytest.approx(2 / 3)
-    assert manifest["counts"] == {"positives": 3, "negatives": 1, "boilerplate_pages": 0, "labelled": 3}
+        assert figures == perfect
+    assert manifest["held_out"] == perfect
+    assert manifest["counts"] == {"positives": 3, "negatives": 1, "boilerplate_pages": 0}
     assert [p.name for p in out.iterdir()] == [qc.MODEL_FILE]  # the chosen model alone is the output
     assert QualityScorer(str(out / qc.MODEL_FILE)).word_ngrams == word_ngrams
     meta = spec.metadata(None, Output(spec.key, "p", manifest))  # what the UI shows of this build
-    assert meta["model"] == model and meta["majority_baseline"] == pytest.approx(0.6667)
-    figures = ("accuracy_linear_words", "roc_auc_linear_words", "accuracy_linear_bigrams", "roc_auc_linear_bigrams")
-    assert [meta[k] for k in figures] == [1.0] * 4
+    assert meta["model"] == model and meta["majority_baseline_held_out"] == 0.5
+    figures = ("accuracy_linear_words", "roc_auc_linear_words", "accuracy_linear_bigrams", "roc_auc_linear_bigrams",
+               "roc_auc_held_out", "roc_auc_selection")
+    assert [meta[k] for k in figures] == [1.0] * 6
 
 
 def test_a_model_the_recipe_does_not_know_is_an_error_naming_the_field(tmp_path):

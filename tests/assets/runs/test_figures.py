@@ -9,7 +9,7 @@ def test_key_figures_read_what_a_user_looks_for_first_from_the_metadata():
         "2,886 documents of 2,893"
     assert key_figures({"tokens": 32768, "final_loss": 7.5169, "val_loss": {"c4": 7.0, "code": 8.0},
                         "steps": 17}) == "32,768 tokens, loss 7.517, val_loss 7.500 (mean of 2)"
-    assert key_figures({"roc_auc": 0.8712, "accuracy": 0.74}) == "ROC AUC 0.87"
+    assert key_figures({"roc_auc_held_out": 0.8712, "accuracy": 0.74}) == "held-out ROC AUC 0.87"
     assert key_figures({"val_loss": {"c4": "nan"}, "documents": True, "candidates": {"a": {"c4": 1.0}}}) == ""
 
 
