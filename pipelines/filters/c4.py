@@ -64,7 +64,7 @@ class C4LineFilter(C4QualityFilter):
             texts.append(CITATION_REGEX.sub("", content) if self.remove_citations else content)
             verdicts.append(self._judge(content) if content.strip() else (_BLANK, None))
 
-        states, num_sentences = [], 0
+        states, sentence_lines = [], []
         for i, (dropped_by, content_rule) in enumerate(verdicts):
             if dropped_by == _BLANK:
                 states.append(_BLANK)
@@ -83,11 +83,11 @@ class C4LineFilter(C4QualityFilter):
                 continue
             if heading:
                 self.stat_update("line-kept-heading")
-            elif self.min_num_sentences != -1:
-                num_sentences += len(split_into_sentences(texts[i].strip(), self.language))
+            else:
+                sentence_lines.append(texts[i])
             self.stat_update("line-kept")
             states.append(_KEPT)
-        if num_sentences < self.min_num_sentences:
+        if _sentences(sentence_lines, self.min_num_sentences, self.language) < self.min_num_sentences:
             return False, "too_few_sentences"
         doc.text = _rebuilt(lines, texts, states)
         return True
@@ -132,6 +132,16 @@ class C4LineFilter(C4QualityFilter):
             return (verdicts[j] == (None, None) and len(following.split()) >= max(self.min_words_per_line, 1)
                     and following.endswith(END_PUNCTUATION) and not following.endswith(ELLIPSIS))
         return False
+
+
+def _sentences(lines: list[str], needed: int, language: str) -> int:
+    """datatrove's sentence count of the kept lines (spaCy's sentencizer on each), as far as the verdict needs it:
+    every line counts at least one sentence (split_into_sentences gives at least one part, even for a blank text), so
+    with `needed` lines or more the count is enough without running spaCy; only a page short of lines is counted
+    exactly. Counting every line was a spaCy call per line, a quarter of the web rule set's time."""
+    if needed == -1 or len(lines) >= needed:
+        return len(lines)
+    return sum(len(split_into_sentences(line.strip(), language)) for line in lines)
 
 
 def _rebuilt(lines: list[tuple[str, str]], texts: list[str], states: list[str]) -> str:

@@ -286,17 +286,23 @@ for _settings in (UrlFilterConfig, LanguageConfig, GopherQualityConfig, GopherRe
 # The code each step runs, by its setting (a FilterConfig field): top-level names of steps.py (a bare name) or of
 # another module under pipelines/ ("filters.c4:C4LineFilter") that a filtered output's version hashes, so that
 # editing one step's code makes stale only the sources whose filter uses it (assets/curation/filtered.py). A step
-# that is datatrove's own lists nothing here. Here, not in steps.py: the code location names them at load, and
-# steps.py imports datatrove.
+# that is datatrove's own lists nothing here (the rules that reimplement datatrove's, prose.py, list their code).
+# Here, not in steps.py: the code location names them at load, and steps.py imports datatrove.
+#
+# The shared words of pipelines/filters/prose.py: every step there decides on them.
+_PROSE_WORDS = tuple(f"filters.prose:{name}" for name in (
+    "split_words", "_tokenize_chunks", "_spacy", "TextView", "view", "_MAX_CACHED_CHUNKS", "_RECENT"))
 STEP_CODE: dict[str, tuple[str, ...]] = {
     "sample": ("SampleFilter",),
     "url": ("UrlBlocklistFilter", "_well_formed_url", "_read_list_files"),
     "language": ("LanguageIdFilter", "_OfflineLid176", "lid176_path"),
-    "gopher_repetition": (),
-    "gopher_quality": ("LanguageAwareGopherQuality", "_WORD", "filters.config:DEFAULT_STOP_WORDS"),
+    "gopher_repetition": (*_PROSE_WORDS, *(f"filters.prose:{name}" for name in (
+        "GopherRepetition", "_Windows", "top_duplicate", "all_duplicate", "_powers", "_P", "_B"))),
+    "gopher_quality": ("LanguageAwareGopherQuality", "_WORD", "filters.config:DEFAULT_STOP_WORDS", *_PROSE_WORDS,
+                       "filters.prose:GopherQuality", "filters.prose:_flags"),
     "c4": tuple(f"filters.c4:{name}" for name in (
-        "C4LineFilter", "_rebuilt", "_INTERFACE_LABELS", "_KEPT", "_DROPPED", "_BLANK")),
-    "fineweb": (),
+        "C4LineFilter", "_sentences", "_rebuilt", "_INTERFACE_LABELS", "_KEPT", "_DROPPED", "_BLANK")),
+    "fineweb": (*_PROSE_WORDS, "filters.prose:FineWebQuality"),
     "code": tuple(f"filters.code:{name}" for name in (
         "CodeQualityFilter", "python_syntax", "detect_license", "_closing_bracket", "_older_line", "_name",
         "_repository", "_MINIFIED_NAME", "_GENERATED_NAME", "_PYTHON_NAME", "_TEST_NAME", "_SPDX", "_LICENSE_TEXTS",

@@ -9,8 +9,9 @@ writes, per input file raw/web/<part>.jsonl.gz, out/web/<part>.jsonl.gz (kept do
 placeholders such as <EMAIL>) and out/web/rejected-<step>-<part>.jsonl.gz (each dropped document with
 metadata.filter_reason): named after the input, so any number of tasks writes the same files.
 
-The steps are datatrove's where they fit (URL, language, Gopher, C4's rules, FineWeb), configured from the recipe,
-plus small steps of our own: malformed URLs, language-aware stop words, C4's line rules writing the kept text back
+The steps are datatrove's where they fit (URL, language), configured from the recipe; Gopher's, C4's and FineWeb's
+rules are datatrove's too, with its verdicts, made several times faster (pipelines/filters/prose.py: the words found
+once and shared, repetition counted on hashes; pipelines/filters/c4.py); plus small steps of our own: malformed URLs, language-aware stop words, C4's line rules writing the kept text back
 as it was (pipelines/filters/c4.py), code quality (pipelines/filters/code.py), the quality model, offensive language
 (pipelines/filters/toxicity.py), perplexity under a reference model (pipelines/filters/perplexity.py) and PII
 scrubbing (pipelines/filters/pii.py). Order: cheap and decisive first (URL, language), then the prose or code rules,
@@ -29,13 +30,7 @@ from urllib.parse import urlsplit
 
 from datatrove.data import Document
 from datatrove.pipeline.base import PipelineStep
-from datatrove.pipeline.filters import (
-    FineWebQualityFilter,
-    GopherQualityFilter,
-    GopherRepetitionFilter,
-    LanguageFilter,
-    URLFilter,
-)
+from datatrove.pipeline.filters import LanguageFilter, URLFilter
 from datatrove.pipeline.filters.base_filter import BaseFilter
 from datatrove.utils.lid import FT176LID
 
@@ -59,6 +54,7 @@ from pipelines.filters.c4 import C4LineFilter
 from pipelines.filters.code import CodeQualityFilter
 from pipelines.filters.perplexity import PerplexityFilter
 from pipelines.filters.pii import PiiScrubber
+from pipelines.filters.prose import FineWebQuality, GopherQuality, GopherRepetition
 from pipelines.filters.quality import QualityScorer
 from pipelines.filters.toxicity import ToxicityFilter
 from pipelines.runner import stat_totals
@@ -182,7 +178,7 @@ def _read_list_files(names: tuple[str, ...], root: Path) -> list[str]:
     return entries
 
 
-class LanguageAwareGopherQuality(GopherQualityFilter):
+class LanguageAwareGopherQuality(GopherQuality):
     """Gopher's quality rules with the stop-word rule per document language (metadata.language, from LID)."""
 
     name = "🥇 Gopher quality (per-language stop words)"
@@ -263,7 +259,7 @@ def filter_steps(config: FilterConfig, *, lists_root: Path, model_path: Path | N
         steps.append(LanguageIdFilter(config.language, exclusion_writer=rejected("language")))
     if config.gopher_repetition:
         c = config.gopher_repetition
-        steps.append(GopherRepetitionFilter(
+        steps.append(GopherRepetition(
             dup_line_frac=c.dup_line_frac, dup_para_frac=c.dup_para_frac, dup_line_char_frac=c.dup_line_char_frac,
             dup_para_char_frac=c.dup_para_char_frac, exclusion_writer=rejected("gopher_repetition")))
     if config.gopher_quality:
@@ -272,7 +268,7 @@ def filter_steps(config: FilterConfig, *, lists_root: Path, model_path: Path | N
         steps.append(C4LineFilter(config.c4, exclusion_writer=rejected("c4")))
     if config.fineweb:
         c = config.fineweb
-        steps.append(FineWebQualityFilter(
+        steps.append(FineWebQuality(
             line_punct_thr=c.line_punct_thr, short_line_thr=c.short_line_thr, short_line_length=c.short_line_length,
             char_duplicates_ratio=c.char_duplicates_ratio, new_line_ratio=c.new_line_ratio,
             exclusion_writer=rejected("fineweb")))

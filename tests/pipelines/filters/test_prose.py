@@ -1,0 +1,165 @@
+"""The fast prose rules (pipelines/filters/prose.py, and C4's in c4.py) give datatrove's verdicts, document for
+document, on every document of the demo's sources that reaches them; and their code is in the filtered outputs'
+code versions."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+from datatrove.data import Document
+from datatrove.pipeline.filters import (
+    C4QualityFilter,
+    FineWebQualityFilter,
+    GopherQualityFilter,
+    GopherRepetitionFilter,
+)
+from datatrove.utils.text import split_into_words
+from datatrove.utils.word_tokenizers import load_word_tokenizer, strip_strings
+
+from assets.recipe import load_recipe
+from pipelines.filters.c4 import C4LineFilter
+from pipelines.filters.config import STEP_CODE
+from pipelines.filters.prose import GopherQuality, split_words
+from pipelines.filters.steps import filter_steps
+from pipelines.ingest.step import ingest_source
+from pipelines.inputs import expand_inputs
+from pipelines.shards import iter_documents
+from tests.conftest import REPO
+
+DEMO = REPO / "recipes" / "demo.yaml"
+# The process state of prose.py (caches, the loaded tokenizer, power tables): no rule, so no part of a code version.
+PROSE_STATE = {"_CHUNK_WORDS", "_WORD_FLAGS", "_recent", "_nlp", "_pow", "_inv"}
+
+
+def reference_words(text: str) -> list[str]:
+    """datatrove's split_into_words as it computes it (spaCy's blank English pipeline on the whole text, tokens
+    stripped, the IS_ALPHA retry), without its memory zone: the zone only frees the words' lexemes after each text,
+    which changes no token and made datatrove's side of this test take a minute."""
+    nlp = load_word_tokenizer("en").tokenizer
+    nlp.max_length = len(text) + 10
+    try:
+        doc = nlp(text, disable=["parser", "tagger", "ner"])
+    except Exception:
+        if "IS_ALPHA" not in text:
+            raise
+        doc = nlp(text.replace("IS_ALPHA", ""), disable=["parser", "tagger", "ner"])
+    return strip_strings([token.text for token in doc])
+
+
+def datatrove_twin(step):
+    """datatrove's own step with our step's settings (the attributes datatrove's __init__ sets); None for a step
+    that is not a reimplementation of one of datatrove's."""
+    if isinstance(step, C4LineFilter):
+        twin = C4QualityFilter()
+    else:
+        for base in (GopherRepetitionFilter, GopherQualityFilter, FineWebQualityFilter):
+            if isinstance(step, base):
+                twin = base()
+                break
+        else:
+            return None
+    for name, value in vars(twin).items():
+        if name in vars(step) and not name.startswith("_") and name not in ("stats", "exclusion_writer"):
+            setattr(twin, name, getattr(step, name))
+    if isinstance(step, GopherQualityFilter):  # ours applies the stop-word rule itself, per language, after these
+        twin.min_stop_words = None
+    return twin
+
+
+@pytest.fixture(scope="module")
+def demo_documents(tmp_path_factory) -> dict[str, list[dict]]:
+    """Every demo source's documents as its raw_crawl gives them to the filter (the real ingest, 2 workers)."""
+    recipe = load_recipe(DEMO)
+    out = tmp_path_factory.mktemp("raw")
+    documents = {}
+    for source in recipe.sources:
+        inputs = expand_inputs(list(source.inputs), recipe.input_root)
+        ingest_source(name=source.name, inputs=inputs, format=source.format, reader=source.reader,
+                      out_dir=out / source.name, tasks=len(inputs), workers=2)
+        documents[source.name] = [doc for part in sorted((out / source.name).glob("part-*.jsonl.gz"))
+                                  for doc in iter_documents(part)]
+    return documents
+
+
+@pytest.mark.slow  # the demo's ingest (~30 s of CPU: HTML extraction), then both sides' rules
+def test_every_demo_document_gets_datatrove_verdict_and_reason(demo_documents, monkeypatch):
+    """Each source's documents go through its own filter steps in order (the ones before a rule decide which
+    documents reach it, as in the pipeline); at every reimplemented rule, datatrove's own step judges the same
+    document and must give the same keep or drop and the same reason; a kept C4 document has the same lines."""
+    import datatrove.pipeline.filters.fineweb_quality_filter as fineweb
+    import datatrove.pipeline.filters.gopher_quality_filter as gopher_quality
+    import datatrove.pipeline.filters.gopher_repetition_filter as gopher_repetition
+
+    for module in (fineweb, gopher_quality, gopher_repetition):
+        monkeypatch.setattr(module, "split_into_words", lambda text, language="en": reference_words(text))
+    recipe = load_recipe(DEMO)
+    compared: dict[str, int] = {}
+    for source in recipe.sources:
+        config = dataclasses.replace(source.filter, quality_model=None, toxicity=None, perplexity=None, pii=None)
+        steps = filter_steps(config, lists_root=REPO / "recipes")
+        twins = [datatrove_twin(step) for step in steps]
+        for raw in demo_documents[source.name]:
+            doc = Document(text=raw["text"], id=raw["id"], metadata=dict(raw.get("metadata") or {}))
+            for step, twin in zip(steps, twins):
+                if twin is not None:
+                    theirs_doc = Document(text=doc.text, id=doc.id, metadata=dict(doc.metadata))
+                    theirs = twin.filter(theirs_doc)
+                    before = doc.text
+                # Our Gopher quality step adds a stop-word rule per language after datatrove's rules: those compared.
+                ours = GopherQuality.filter(step, doc) if isinstance(step, GopherQuality) else None
+                verdict = step.filter(doc)
+                ours = verdict if ours is None else ours
+                if twin is not None:
+                    name = type(step).__name__
+                    compared[name] = compared.get(name, 0) + 1
+                    assert _decision(ours) == _decision(theirs), (source.name, raw["id"], name, ours, theirs)
+                    if isinstance(step, C4LineFilter) and ours is True:
+                        # datatrove joins the kept lines with "\n"; ours keeps them with the text between them, and
+                        # with keep_headings (the web rules) the headings too: datatrove's lines, in order, among ours.
+                        lines = iter(line.strip() for line in doc.text.splitlines() if line.strip())
+                        theirs_lines = [line.strip() for line in theirs_doc.text.splitlines() if line.strip()]
+                        if step.keep_headings:
+                            assert all(any(mine == line for mine in lines) for line in theirs_lines), (
+                                source.name, raw["id"], before)
+                        else:
+                            assert list(lines) == theirs_lines, (source.name, raw["id"], before)
+                if _decision(verdict) != "kept":
+                    break
+    # Every rule was reached by many documents: the web rules by the crawl's pages, the c4 source's too.
+    assert compared["GopherRepetition"] > 1000 and compared["FineWebQuality"] > 900, compared
+    assert compared["LanguageAwareGopherQuality"] > 8000 and compared["C4LineFilter"] > 900, compared
+
+
+def _decision(verdict) -> str:
+    if verdict is True or (isinstance(verdict, tuple) and verdict[0]):
+        return "kept"
+    return verdict[1] if isinstance(verdict, tuple) else "dropped"
+
+
+@pytest.mark.slow  # the demo's ingest, shared with the test above
+def test_words_are_datatrove_words(demo_documents):
+    """split_words (spaCy on each whitespace-free chunk once, cached) gives datatrove's split_into_words itself, with
+    its memory zone, on real documents of every kind: pages in seven languages, C4, books, math."""
+    texts = [doc["text"] for name in ("web", "cc", "cc_wet", "c4") for doc in demo_documents[name][:60]]
+    texts += [doc["text"] for doc in demo_documents["math"][:50]] + [demo_documents["books"][0]["text"][:200_000]]
+    texts += ["a\u00a0b\u2028c  d\n\ne IS_ALPHA f", "don't (stop) U.S.A. e-mail: x@y.org 3.14% #tag ...", ""]
+    for text in texts:
+        assert split_words(text) == split_into_words(text), text[:200]
+        assert split_words(text) == split_words(text)  # from the cache the second time
+
+
+def test_every_rule_of_prose_is_in_the_code_version_of_the_steps_that_run_it():
+    """Editing any rule of prose.py makes stale the filtered outputs of the sources whose steps use it: STEP_CODE
+    names every top-level definition but the process's caches, and each step names the shared word code."""
+    tree = ast.parse((REPO / "pipelines" / "filters" / "prose.py").read_text())
+    names = {t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+             for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)}
+    names |= {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    named = {ref.partition(":")[2] for refs in STEP_CODE.values() for ref in refs if ref.startswith("filters.prose:")}
+    assert named == names - PROSE_STATE
+    for setting in ("gopher_repetition", "gopher_quality", "fineweb"):
+        assert "filters.prose:split_words" in STEP_CODE[setting]
+    assert "filters.c4:_sentences" in STEP_CODE["c4"]
