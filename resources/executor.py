@@ -4,10 +4,13 @@
 
 One method for every kind, so moving a stage to a cluster changes no asset code:
 
-- `local` (the default) runs the tasks on this machine (pipelines/runner.py's LocalRunner). With one worker it
-  runs them in this process, one after another (no process start-up, no pickling of the steps); with W, in this
-  process and W - 1 spawned helpers that start when the run does and serve every phase of it (spawning needs the
-  `if __name__ == "__main__":` guard in any script that ends up here).
+- `local` (the default) runs the tasks on this machine (pipelines/runner.py's LocalRunner), W at once: W is
+  `workers` (PRETRAIN_EXECUTOR_WORKERS) when set, else the CPUs the run was given, read when it runs
+  (resources/executor_env.py's given_cpus: all this process may use, or its share when `pretrain materialize` runs
+  several assets at once). With one worker it runs them in this process, one after another (no process start-up,
+  no pickling of the steps); with W, in this process and W - 1 spawned helpers that start when the run does and
+  serve every phase of it (spawning needs the `if __name__ == "__main__":` guard in any script that ends up here).
+  Outputs never depend on W (see below), so the default costs no reproducibility.
 - `ray` runs datatrove's RayPipelineExecutor on the Ray cluster at `ray_address` (None: a one-node cluster
   started in this process), `workers` tasks at once, each reserving `cpus_per_task` CPUs.
 - `slurm` submits datatrove's SlurmPipelineExecutor (an sbatch job array on `slurm_partition`, without datatrove's
@@ -44,13 +47,15 @@ from typing import Mapping
 from dagster import ConfigurableResource
 
 from pipelines.runner import LocalRunner, run_resumable, tasks_for
-from resources.executor_env import ExecutorEnvironment, Kind
+from resources.executor_env import ExecutorEnvironment, Kind, given_cpus
 
 class ExecutorResource(ConfigurableResource):
     """How datatrove pipelines run: `local`, `ray` or `slurm` (see the module doc)."""
 
     kind: Kind = "local"
-    workers: int = 1  # tasks running at once; local: 1 = in this process; ray/slurm: -1 = no limit
+    # Tasks running at once. local: 1 = in this process, None = the CPUs the run was given (given_cpus, when it runs);
+    # ray/slurm: -1 (or None) = no limit.
+    workers: int | None = None
     tasks: int | None = None  # tasks per stage, for every stage; None: each stage's own count (tasks_for)
     cpus_per_task: int = 1  # ray and slurm: CPUs reserved for each task
     mem_per_cpu_gb: float = 2.0  # ray and slurm: memory reserved per CPU
@@ -73,7 +78,7 @@ class ExecutorResource(ConfigurableResource):
 
     def validate(self) -> None:
         """Refuse a configuration that cannot run, naming the field (before any work starts)."""
-        if self.workers < 1 and not (self.workers == -1 and self.kind != "local"):
+        if self.workers is not None and self.workers < 1 and not (self.workers == -1 and self.kind != "local"):
             raise ValueError(f"executor.workers: must be >= 1 (or -1 for no limit with ray/slurm), got {self.workers}")
         if self.tasks is not None and self.tasks < 1:
             raise ValueError(f"executor.tasks: must be >= 1 (or unset: each stage's own count), got {self.tasks}")
@@ -87,8 +92,12 @@ class ExecutorResource(ConfigurableResource):
     def setup_for_execution(self, context) -> None:
         """Dagster calls this when a run that uses the resource starts: the local helper processes start then, in
         the background, while the run loads its inputs (pipelines/runner.py's WorkerPool)."""
-        if self.kind == "local" and self.workers > 1:
-            LocalRunner(workers=self.workers).warm()
+        if self.kind == "local" and self.local_workers() > 1:
+            LocalRunner(workers=self.local_workers()).warm()
+
+    def local_workers(self) -> int:
+        """How many tasks the local executor runs at once: `workers`, else the CPUs the run was given."""
+        return self.workers if self.workers is not None else given_cpus()
 
     def tasks_for(self, default: int) -> int:
         """The task count for a stage whose natural count is `default` (e.g. its input files): the resource's
@@ -104,7 +113,7 @@ class ExecutorResource(ConfigurableResource):
         self.validate()
         logging_dir = Path(logging_dir)
         if self.kind == "local":
-            return LocalRunner(workers=self.workers).run(pipeline, logging_dir=logging_dir, tasks=tasks)
+            return LocalRunner(workers=self.local_workers()).run(pipeline, logging_dir=logging_dir, tasks=tasks)
 
         def launch() -> None:  # the incomplete tasks, on the cluster
             if self.kind == "ray":
@@ -121,7 +130,7 @@ class ExecutorResource(ConfigurableResource):
         return RayPipelineExecutor(
             pipeline,
             tasks=tasks,
-            workers=tasks if self.workers == -1 else min(self.workers, tasks),
+            workers=tasks if self.workers in (None, -1) else min(self.workers, tasks),
             logging_dir=str(logging_dir),
             skip_completed=True,
             cpus_per_task=self.cpus_per_task,
@@ -155,7 +164,7 @@ class ExecutorResource(ConfigurableResource):
         return SlurmArrayExecutor(
             pipeline,
             tasks=tasks,
-            workers=self.workers,
+            workers=-1 if self.workers is None else self.workers,
             time=self.slurm_time,
             partition=self.slurm_partition,
             cpus_per_task=self.cpus_per_task,

@@ -9,12 +9,40 @@ start the local executor's helper processes while Dagster and the code location 
 
 from __future__ import annotations
 
+import os
 from typing import Literal, Mapping, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 Kind = Literal["local", "ray", "slurm"]
 KINDS = get_args(Kind)
+# The CPUs a run was given, when it shares the machine: `pretrain materialize` sets it for a run that may overlap
+# others (cores // jobs, as it shares threads: assets/runs/parallel.py), and the test suite for each xdist worker.
+# Unset: every CPU this process may use. The local executor runs that many tasks at once unless
+# PRETRAIN_EXECUTOR_WORKERS says otherwise.
+CPUS_ENV = "PRETRAIN_CPUS"
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity: a container's or `taskset`'s share, not the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def given_cpus(env: Mapping[str, str] | None = None) -> int:
+    """The CPUs this run was given: PRETRAIN_CPUS when set (a share of the machine), else available_cpus()."""
+    raw = (os.environ if env is None else env).get(CPUS_ENV)
+    if not raw:
+        return available_cpus()
+    try:
+        cpus = int(raw)
+    except ValueError:
+        cpus = 0
+    if cpus < 1:
+        raise ValueError(f"{CPUS_ENV}: {raw!r} is not a whole number of CPUs, 1 or more")
+    return cpus
 
 
 class ExecutorEnvironment(BaseModel):
@@ -23,7 +51,8 @@ class ExecutorEnvironment(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     kind: Kind = Field("local", alias="PRETRAIN_EXECUTOR")
-    workers: int | None = Field(None, alias="PRETRAIN_EXECUTOR_WORKERS")  # None: 1 for local, else -1 (no limit)
+    # None: local runs as many tasks at once as the run was given CPUs (given_cpus, when it runs); else -1 (no limit)
+    workers: int | None = Field(None, alias="PRETRAIN_EXECUTOR_WORKERS")
     tasks: int | None = Field(None, alias="PRETRAIN_EXECUTOR_TASKS")  # None: each stage's own count
     cpus_per_task: int | None = Field(None, alias="PRETRAIN_EXECUTOR_CPUS_PER_TASK")
     mem_per_cpu_gb: float | None = Field(None, alias="PRETRAIN_EXECUTOR_MEM_PER_CPU_GB")
@@ -50,7 +79,8 @@ class ExecutorEnvironment(BaseModel):
     def resource_fields(self) -> dict:
         """The ExecutorResource fields the environment sets."""
         fields = self.model_dump(exclude_none=True, exclude={"slurm_account"})
-        fields.setdefault("workers", 1 if self.kind == "local" else -1)
+        if self.kind != "local":
+            fields.setdefault("workers", -1)
         if self.slurm_account:
             fields["slurm_sbatch_args"] = {"account": self.slurm_account}
         return fields

@@ -24,14 +24,16 @@ def share_the_cores_between_workers() -> None:
     interpreter per process and per command that imported the code location, great-expectations and the filters'
     models again (~3 s, ~4 s and more of CPU each, 10-20 s a command); in the worker they load once a session. The
     lineage test took 124 s of CPU that way and 54 s in process. tests/assets/runs/test_parallel.py passes --jobs 2
-    for the pool."""
+    for the pool. Likewise a data stage runs cores // workers tasks at once (PRETRAIN_CPUS), not one per core."""
     from assets.runs.parallel import JOBS_ENV, THREADS_ENV, cpu_count
+    from resources.executor_env import CPUS_ENV
 
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
     if workers > 1:
         share = str(max(1, cpu_count() // workers))
         os.environ.setdefault(THREADS_ENV, share)
         os.environ.setdefault(JOBS_ENV, share)
+        os.environ.setdefault(CPUS_ENV, share)  # the local executor's tasks at once, by default (its share of CPUs)
 
 
 share_the_cores_between_workers()

@@ -24,9 +24,11 @@ still start, shares the cores out:
   (or nothing else runs), and nothing of lower priority starts before it, so it never waits for ever; nor
   does a lower run start that would keep it waiting when it is next (holds_back);
 - any other run that may overlap another one (something else is running, or not yet started and not
-  downstream of it) gets OMP_NUM_THREADS = cores // jobs (at least 1) and counts as cores / jobs;
-- a run that is alone for its whole life keeps every core.
-An OMP_NUM_THREADS the user set is left alone. Two 1-thread proxy runs at once did the sweep in 55 s where
+  downstream of it) gets OMP_NUM_THREADS = cores // jobs (at least 1) and counts as cores / jobs; it is given
+  that many CPUs (PRETRAIN_CPUS), which is how many tasks its data stage runs at once when
+  PRETRAIN_EXECUTOR_WORKERS is unset (resources/executor.py);
+- a run that is alone for its whole life keeps every core, threads and executor tasks alike.
+An OMP_NUM_THREADS the user set is left alone (PRETRAIN_CPUS is still set: it is ours). Two 1-thread proxy runs at once did the sweep in 55 s where
 one 2-thread run at a time took 75 s; a 2-thread trainer beside another busy process ran ~6x slower (466
 against ~2,900 tokens/s: its OpenMP threads wait on a core that is taken).
 
@@ -53,19 +55,17 @@ from dataclasses import dataclass
 from assets.core.factory import IN_ORDER
 from assets.runs.progress import StreamReport
 from assets.runs.runners import InProcessRunner, Outcome, PoolRunner, Task
+from resources.executor_env import CPUS_ENV, available_cpus
 
 JOBS_ENV = "PRETRAIN_JOBS"
 THREADS_ENV = "OMP_NUM_THREADS"
 SESSION_TAG = "pretrain/materialize"  # one id for every run of one `pretrain materialize`
 THREADS_TAG = "pretrain/omp_num_threads"  # set on a run that was given fewer threads to share the CPUs
+CPUS_TAG = "pretrain/cpus"  # set on a run that was given a share of the CPUs (PRETRAIN_CPUS: its executor's tasks)
 LAUNCH_METADATA = "launch"  # a trainer-starting asset's launch settings (over the launcher resource's defaults)
 
 
-def cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+cpu_count = available_cpus  # the CPUs this process may use (the scheduler shares them out)
 
 
 def trainer_cores(node) -> int | None:
@@ -220,14 +220,18 @@ def materialize_parallel(defs, instance, keys: list, jobs: int, recipe_arg: str 
                 slot = runner.free_slot()
                 if slot is None:
                     break
-                env = {THREADS_ENV: threads_each} if (user_threads is None and jobs > 1 and fixed[task.key] is None
-                                                      and may_overlap(task)) else {}
+                shares = jobs > 1 and fixed[task.key] is None and may_overlap(task)
+                env = {CPUS_ENV: threads_each} if shares else {}
+                if shares and user_threads is None:
+                    env[THREADS_ENV] = threads_each
                 task.started = True
                 running[slot], began[slot], run_ids[slot] = task, time.monotonic(), str(uuid.uuid4())
-                threads = f" ({THREADS_ENV}={threads_each}: it shares the CPUs)" if env else ""
+                threads = f" ({THREADS_ENV}={threads_each}: it shares the CPUs)" if THREADS_ENV in env else ""
                 report.run_started(run_ids[slot], task.name,
                                    f"pretrain: {count(finished + len(running))} started  {task.name}{threads}")
-                runner.submit(slot, task, env, {**tags, THREADS_TAG: env[THREADS_ENV]} if env else tags, run_ids[slot])
+                run_tags = {**tags, **({THREADS_TAG: env[THREADS_ENV]} if THREADS_ENV in env else {}),
+                            **({CPUS_TAG: env[CPUS_ENV]} if CPUS_ENV in env else {})}
+                runner.submit(slot, task, env, run_tags, run_ids[slot])
             if not running:
                 break
             slot, outcome = runner.next_result()

@@ -12,8 +12,9 @@ set): spaCy's tokenizer, 60% of it, because datatrove tokenizes inside a spaCy m
 built again in every document; the n-gram rules joining and hashing millions of strings; C4's sentence counting
 (pipelines/filters/c4.py).
 
-- **Words.** spaCy splits the text on whitespace (Python's str.isspace, as str.split does) and tokenizes each
-  whitespace-free chunk on its own, the same way wherever it stands (its own cache is keyed by the chunk). So the
+- **Words.** spaCy (datatrove's blank English tokenizer, without the lexical attributes no boundary depends on) splits
+  the text on whitespace (Python's str.isspace, as str.split does) and tokenizes each whitespace-free chunk on its
+  own, the same way wherever it stands (its own cache is keyed by the chunk). So the
   words of a text are the chunks' tokens in order: each chunk is tokenized once per process (those a document has
   that are not cached yet, in one spaCy call) and kept in a bounded cache; words repeat (Zipf), so most documents
   need no spaCy at all. The last few texts' analyses are kept by identity, so the steps of one document share them.
@@ -46,11 +47,15 @@ _nlp = None
 
 
 def _spacy():
+    """spaCy's tokenizer of the blank English pipeline, datatrove's (spacy.blank("en")), without the lexical attributes
+    (shape, like_num, ... computed for every new word: 40% of its time) that no word boundary depends on."""
     global _nlp
     if _nlp is None:
-        from datatrove.utils.word_tokenizers import load_word_tokenizer
+        import spacy
 
-        _nlp = load_word_tokenizer(Languages.english).tokenizer  # datatrove's blank English pipeline
+        nlp = spacy.blank("en")
+        nlp.vocab.lex_attr_getters = {}
+        _nlp = nlp
     return _nlp
 
 
@@ -66,9 +71,8 @@ def _tokenize_chunks(chunks: list[str]) -> None:
         starts.append(at)
         at += len(chunk) + 1
     found: list[list[str]] = [[] for _ in chunks]
-    with nlp.memory_zone():
-        nlp.max_length = len(joined) + 10
-        doc = nlp(joined, disable=["parser", "tagger", "ner"])
+    with nlp.memory_zone():  # the words' lexemes are freed after: the vocabulary does not grow with the corpus
+        doc = nlp.tokenizer(joined)
         i = 0
         for token in doc:
             while i + 1 < len(starts) and token.idx >= starts[i + 1]:

@@ -236,6 +236,32 @@ class QualityModelFilter(BaseFilter):
         return True if score >= self.threshold else (False, "quality_model")
 
 
+def datatrove_counterpart(step: PipelineStep) -> PipelineStep | None:
+    """datatrove's own step that `step` reimplements (Gopher repetition and quality, C4, FineWeb), with the same
+    settings (the attributes datatrove's __init__ sets, copied from ours); None for any other step. What the verdict
+    test (tests/pipelines/filters/test_prose.py) and bench/filters.py run beside ours. Our Gopher quality step adds a
+    stop-word rule per language after datatrove's rules: the counterpart has datatrove's rules only."""
+    from datatrove.pipeline.filters import (
+        C4QualityFilter,
+        FineWebQualityFilter,
+        GopherQualityFilter,
+        GopherRepetitionFilter,
+    )
+
+    kinds = ((C4LineFilter, C4QualityFilter), (GopherRepetitionFilter, GopherRepetitionFilter),
+             (GopherQualityFilter, GopherQualityFilter), (FineWebQualityFilter, FineWebQualityFilter))
+    for ours, theirs in kinds:
+        if isinstance(step, ours):
+            twin = theirs()
+            break
+    else:
+        return None
+    for name in vars(twin):
+        if name in vars(step) and not name.startswith("_") and name not in ("stats", "exclusion_writer"):
+            setattr(twin, name, getattr(step, name))
+    return twin
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The pipeline
 

@@ -167,7 +167,7 @@ def test_every_data_stage_writes_the_same_bytes_for_any_task_count_and_executor(
 
 
 def test_executor_kind_and_settings_come_from_the_environment():
-    assert ExecutorResource.from_env({}) == ExecutorResource(kind="local", workers=1)
+    assert ExecutorResource.from_env({}) == ExecutorResource(kind="local", workers=None)
     ray = ExecutorResource.from_env({"PRETRAIN_EXECUTOR": "ray", "PRETRAIN_RAY_ADDRESS": "10.0.0.5:6379"})
     assert (ray.kind, ray.ray_address, ray.workers) == ("ray", "10.0.0.5:6379", -1)
     slurm = ExecutorResource.from_env({
@@ -181,6 +181,24 @@ def test_executor_kind_and_settings_come_from_the_environment():
         ExecutorResource.from_env({"PRETRAIN_EXECUTOR": "slurm"})
     with pytest.raises(ValueError, match="PRETRAIN_EXECUTOR_WORKERS: 'two'"):
         ExecutorResource.from_env({"PRETRAIN_EXECUTOR_WORKERS": "two"})
+
+
+def test_local_runs_as_many_tasks_at_once_as_the_run_was_given_cpus(monkeypatch):
+    """No PRETRAIN_EXECUTOR_WORKERS: every CPU of a run alone, its share (PRETRAIN_CPUS) beside others, read when
+    the run runs (a worker process of `pretrain materialize` builds the resource once and serves many runs)."""
+    import os
+
+    from resources.executor_env import CPUS_ENV
+
+    monkeypatch.delenv(CPUS_ENV, raising=False)
+    executor = ExecutorResource.from_env({})
+    assert executor.local_workers() == len(os.sched_getaffinity(0))
+    monkeypatch.setenv(CPUS_ENV, "3")
+    assert executor.local_workers() == 3
+    assert ExecutorResource.from_env({"PRETRAIN_EXECUTOR_WORKERS": "1"}).local_workers() == 1  # the setting wins
+    monkeypatch.setenv(CPUS_ENV, "none")
+    with pytest.raises(ValueError, match="PRETRAIN_CPUS: 'none'"):
+        executor.local_workers()
 
 
 def test_environment_values_are_validated_by_pydantic_naming_the_variable():

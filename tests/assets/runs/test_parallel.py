@@ -9,7 +9,7 @@ import yaml
 from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
 
 from assets.cli import main
-from assets.runs.parallel import SESSION_TAG, THREADS_TAG
+from assets.runs.parallel import CPUS_TAG, SESSION_TAG, THREADS_TAG
 from assets.recipe import DEMO_RECIPE
 from tests.assets.test_cli import damaged_jsonl
 
@@ -70,11 +70,13 @@ def test_independent_steps_run_at_the_same_time(tmp_path, monkeypatch, capsys):
                    for b, (b0, b1, _) in steps.items() if "__code__" in b and a0 < b1 and b0 < a1]
     assert overlapping, {k: v[:2] for k, v in steps.items()}
     # Runs that shared the two cores were given one thread each (OMP_NUM_THREADS, passed on to any trainer).
+    # and one CPU each (PRETRAIN_CPUS: their data stages ran one task at a time, by default).
     for a, b in overlapping:
         assert steps[a][2].tags.get(THREADS_TAG) == steps[b][2].tags.get(THREADS_TAG) == "1"
-    # The dedup waits for both filters and then runs alone: it keeps every core.
+        assert steps[a][2].tags.get(CPUS_TAG) == steps[b][2].tags.get(CPUS_TAG) == "1"
+    # The dedup waits for both filters and then runs alone: it keeps every core (and its executor runs that many).
     assert dedup[0] >= max(end for _, end, _ in steps.values())
-    assert THREADS_TAG not in dedup[2].tags
+    assert THREADS_TAG not in dedup[2].tags and CPUS_TAG not in dedup[2].tags
 
 
 @pytest.mark.slow  # materializes assets through the CLI

@@ -6,16 +6,11 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 from pathlib import Path
 
 import pytest
 from datatrove.data import Document
-from datatrove.pipeline.filters import (
-    C4QualityFilter,
-    FineWebQualityFilter,
-    GopherQualityFilter,
-    GopherRepetitionFilter,
-)
 from datatrove.utils.text import split_into_words
 from datatrove.utils.word_tokenizers import load_word_tokenizer, strip_strings
 
@@ -23,7 +18,7 @@ from assets.recipe import load_recipe
 from pipelines.filters.c4 import C4LineFilter
 from pipelines.filters.config import STEP_CODE
 from pipelines.filters.prose import GopherQuality, split_words
-from pipelines.filters.steps import filter_steps
+from pipelines.filters.steps import datatrove_counterpart, filter_steps
 from pipelines.ingest.step import ingest_source
 from pipelines.inputs import expand_inputs
 from pipelines.shards import iter_documents
@@ -34,39 +29,32 @@ DEMO = REPO / "recipes" / "demo.yaml"
 PROSE_STATE = {"_CHUNK_WORDS", "_WORD_FLAGS", "_recent", "_nlp", "_pow", "_inv"}
 
 
-def reference_words(text: str) -> list[str]:
-    """datatrove's split_into_words as it computes it (spaCy's blank English pipeline on the whole text, tokens
-    stripped, the IS_ALPHA retry), without its memory zone: the zone only frees the words' lexemes after each text,
-    which changes no token and made datatrove's side of this test take a minute."""
-    nlp = load_word_tokenizer("en").tokenizer
+_NLP = load_word_tokenizer("en")  # datatrove's English word tokenizer (a blank spaCy pipeline with a sentencizer)
+
+
+def _spacy_doc(text: str):
+    nlp = _NLP.tokenizer
     nlp.max_length = len(text) + 10
     try:
-        doc = nlp(text, disable=["parser", "tagger", "ner"])
+        return nlp(text, disable=["parser", "tagger", "ner"])
     except Exception:
         if "IS_ALPHA" not in text:
             raise
-        doc = nlp(text.replace("IS_ALPHA", ""), disable=["parser", "tagger", "ner"])
-    return strip_strings([token.text for token in doc])
+        return nlp(text.replace("IS_ALPHA", ""), disable=["parser", "tagger", "ner"])
 
 
-def datatrove_twin(step):
-    """datatrove's own step with our step's settings (the attributes datatrove's __init__ sets); None for a step
-    that is not a reimplementation of one of datatrove's."""
-    if isinstance(step, C4LineFilter):
-        twin = C4QualityFilter()
-    else:
-        for base in (GopherRepetitionFilter, GopherQualityFilter, FineWebQualityFilter):
-            if isinstance(step, base):
-                twin = base()
-                break
-        else:
-            return None
-    for name, value in vars(twin).items():
-        if name in vars(step) and not name.startswith("_") and name not in ("stats", "exclusion_writer"):
-            setattr(twin, name, getattr(step, name))
-    if isinstance(step, GopherQualityFilter):  # ours applies the stop-word rule itself, per language, after these
-        twin.min_stop_words = None
-    return twin
+@functools.lru_cache(maxsize=4)  # datatrove's own split_into_parts caches its last texts too
+def reference_words(text: str) -> list[str]:
+    """datatrove's split_into_words as it computes it (spaCy's blank English pipeline on the whole text, tokens
+    stripped, the IS_ALPHA retry), without its memory zone: the zone only frees the words' lexemes after each text,
+    which changes no token and made datatrove's side of this test take minutes."""
+    return strip_strings([token.text for token in _spacy_doc(text)])
+
+
+def reference_sentences(text: str, language: str = "en") -> list[str]:
+    """datatrove's split_into_sentences (its parts between sentence ends), without the memory zone likewise."""
+    spans = [sent.end_char for sent in _spacy_doc(text).sents]
+    return [text[a:b] for a, b in zip([0] + spans[:-1], spans[:-1] + [len(text)])]
 
 
 @pytest.fixture(scope="module")
@@ -89,18 +77,20 @@ def test_every_demo_document_gets_datatrove_verdict_and_reason(demo_documents, m
     """Each source's documents go through its own filter steps in order (the ones before a rule decide which
     documents reach it, as in the pipeline); at every reimplemented rule, datatrove's own step judges the same
     document and must give the same keep or drop and the same reason; a kept C4 document has the same lines."""
+    import datatrove.pipeline.filters.c4_filters as c4
     import datatrove.pipeline.filters.fineweb_quality_filter as fineweb
     import datatrove.pipeline.filters.gopher_quality_filter as gopher_quality
     import datatrove.pipeline.filters.gopher_repetition_filter as gopher_repetition
 
     for module in (fineweb, gopher_quality, gopher_repetition):
         monkeypatch.setattr(module, "split_into_words", lambda text, language="en": reference_words(text))
+    monkeypatch.setattr(c4, "split_into_sentences", reference_sentences)
     recipe = load_recipe(DEMO)
     compared: dict[str, int] = {}
     for source in recipe.sources:
         config = dataclasses.replace(source.filter, quality_model=None, toxicity=None, perplexity=None, pii=None)
         steps = filter_steps(config, lists_root=REPO / "recipes")
-        twins = [datatrove_twin(step) for step in steps]
+        twins = [datatrove_counterpart(step) for step in steps]
         for raw in demo_documents[source.name]:
             doc = Document(text=raw["text"], id=raw["id"], metadata=dict(raw.get("metadata") or {}))
             for step, twin in zip(steps, twins):
