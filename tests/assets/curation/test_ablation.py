@@ -211,3 +211,30 @@ def test_changed_threshold_makes_only_its_sources_ablation_stale_and_reuses_the_
     assert [(key, text.split(" (")[0]) for key, _, text in verdicts] == [
         ("curation/junky/ablation", "curated: spread not measured"),
         ("curation/math/ablation", "curated: spread not measured")]
+
+
+@pytest.mark.parametrize("module, before, after", [
+    # how a reference text is cut into paragraphs, and read
+    ("pipelines/filters/perplexity.py", "min_words: int = 4", "min_words: int = 5"),
+    ("pipelines/filters/perplexity.py", 'if not n.endswith("/")', 'if not n.endswith(("/", "\\\\"))'),
+    # how it is packed
+    ("assets/curation/ablation.py", "PackingConfig(val_fraction=0.0)", "PackingConfig(val_fraction=0.0, seed=1)"),
+    ("pipelines/tokenization/tokenizer.py", "def pack_documents(", "def pack_documents(  "),
+])
+def test_a_packed_reference_texts_key_covers_the_code_that_makes_it(tmp_path, module, before, after):
+    """The ablation reuses a reference text packed by an earlier build when its key matches: a change of any code
+    that makes it must change the key (REFERENCE_CODE), or a stale pack is reused."""
+    from assets.core.source_hash import code_digest
+    from assets.curation.ablation import REFERENCE_CODE
+    from tests.conftest import REPO
+
+    same, edited = tmp_path / "same", tmp_path / "edited"  # two roots: digests are cached per root
+    for root in (same, edited):
+        for package in ("assets", "pipelines"):
+            shutil.copytree(REPO / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
+    path = edited / module
+    text = path.read_text()
+    assert text.count(before) == 1, before
+    path.write_text(text.replace(before, after))
+    assert code_digest(REFERENCE_CODE, same) == code_digest(REFERENCE_CODE, REPO)
+    assert code_digest(REFERENCE_CODE, edited) != code_digest(REFERENCE_CODE, REPO)
