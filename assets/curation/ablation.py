@@ -40,7 +40,7 @@ from assets.core.lineage import lineage
 from assets.core.source_hash import code_digest
 from assets.core.upstream import Output
 from assets.core.versioning import file_fingerprints
-from assets.curation.ablation_report import CURATED, RAW, WITHOUT, summarize, table
+from assets.curation.ablation_report import CURATED, METRICS, RAW, WITHOUT, summarize, table
 from assets.curation.filtered import filter_code, filtered_key, resolved_filter, run_filter
 from assets.curation.quality_classifier import CLASSIFIER_KEY
 from assets.curation.raw_crawl import raw_crawl_key
@@ -180,8 +180,9 @@ def ablation_asset(recipe: Recipe, source: SourceConfig):
         payload = json.loads(inputs.store.get_bytes(f"{output.prefix}/{RESULT_FILE}"))
         summary = payload["summary"]
         arms_figures = summary["arms"]
-        losses = {name: {"reference loss": f["reference_loss"]} for name, f in arms_figures.items()}
-        spread = {name: {"reference loss": (f["spread"] or 0.0) / 2} for name, f in arms_figures.items()}
+        losses = {name: {METRICS[k]: m["mean"] for k, m in f["metrics"].items()} for name, f in arms_figures.items()}
+        spread = {name: {METRICS[k]: (m["spread"] or 0.0) / 2 for k, m in f["metrics"].items()}
+                  for name, f in arms_figures.items()}
         return {
             "verdict": MetadataValue.md("\n".join(f"- {line}" for line in summary["verdict"]) or "one arm only"),
             "verdict_text": "\n".join(summary["verdict"]),  # `pretrain status` prints it
@@ -192,8 +193,8 @@ def ablation_asset(recipe: Recipe, source: SourceConfig):
                                                        if name != RAW}),
             "runs_trained": output.manifest["counts"]["trained"],
             "runs_reused": output.manifest["counts"]["reused"],
-            "loss_plot": grouped_bar_chart(losses, errors=spread, ylabel="mean loss on the reference texts",
-                                           title=f"{source.name}: reference loss per arm (bars: half the seed range)"),
+            "loss_plot": grouped_bar_chart(losses, errors=spread, ylabel="reference loss; answer bits per byte",
+                                           title=f"{source.name}: each metric per arm (bars: half the seed range)"),
         }
 
     return output_asset(OutputSpec(
@@ -274,10 +275,14 @@ def _train(inputs: Inputs, run: dict, folder: Path, *, arm: str, seed: int, laun
         raise Failure(description=f"the {arm} arm (seed {seed}) reported no loss on the reference texts: "
                                   f"validation losses {sorted(val)}")
     downstream = result.events("downstream")
-    zero_shot = {task: r.get(r["metric"]) for task, r in (downstream[-1]["tasks"] if downstream else {}).items()}
+    tasks = downstream[-1]["tasks"] if downstream else {}
+    zero_shot = {task: r.get(r["metric"]) for task, r in tasks.items()}
+    # DataDecide's continuous metric: bits per byte of each task's correct answers (assets/curation/ablation_report.py)
+    answer_bpb = {task: r["bpb"] for task, r in tasks.items() if r.get("bpb") is not None}
     figures = {"arm": arm, "seed": seed, "tokens": result.summary.get("tokens"), "steps": result.summary.get("steps"),
                "val_loss": reference, "own_val_loss": {d: v for d, v in val.items() if d not in reference},
                "reference_loss": sum(reference.values()) / len(reference), "zero_shot": zero_shot,
+               "answer_bpb": answer_bpb,
                "documents": packed.manifest["counts"]["train"]["documents"] + packed.manifest["counts"]["val"]["documents"],
                "data": {r["asset"]: r["data_version"] for r in records}}
     (folder / RESULT_FILE).write_text(json.dumps(figures, indent=1, sort_keys=True))

@@ -156,6 +156,16 @@ def test_junk_half_curated_arm_is_better_beyond_the_spread_of_3_seeds(junk_home)
     assert curated["verdict"] == "better" and curated["difference"] < 0
     # Each run was scored on the reference text and the zero-shot task.
     assert set(curated["val_loss"]) == {"reference_inaugural"} and set(curated["zero_shot"]) == {"arc_easy"}
+    # ... and by the bits per byte of the task's correct answers, with a verdict of its own that names its metric.
+    for arm in (raw, curated):
+        assert set(arm["answer_bpb_per_task"]) == {"arc_easy"} and 0 < arm["answer_bpb_per_task"]["arc_easy"] < 20
+        assert len(arm["metrics"]["answer_bpb"]["values"]) == 3
+    bpb = curated["by"]["answer_bpb"]
+    assert bpb["metric"] == "answer bits per byte" and bpb["verdict"] in ("better", "worse", "within noise")
+    assert bpb["difference"] == pytest.approx(curated["metrics"]["answer_bpb"]["mean"]
+                                              - raw["metrics"]["answer_bpb"]["mean"], abs=1e-4)
+    verdict = ablation_metadata(junk_home, "junky")["verdict_text"].splitlines()[0]
+    assert verdict.startswith("curated: better by reference loss (") and f"{bpb['verdict']} by answer bits per byte (" in verdict
     assert curated["data"]["curation/junky/filtered"] and raw["data"]["curation/junky/raw_crawl"]
     # The plot the UI shows: a PNG that decodes, of the configured size.
     plot = decoded(MarkdownMetadataValue(ablation_metadata(junk_home, "junky")["loss_plot"]))
