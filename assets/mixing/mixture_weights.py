@@ -5,7 +5,7 @@ runs have finished; a training stage reads the chosen weights, with their data v
 A candidate whose run has not finished (or failed) is left out and named ("pending"), as is one whose latest
 result came from another proxy (a changed `mixing.proxy` until the sweep reruns): runs of different proxies
 are not comparable. With fewer runs than the quadratic model's features the fit falls back to the linear
-model (trainer/data/mixing.py choose_model): a warning in the log and `fit_warning` in the metadata say so. How
+model (trainer/data/mixture_search.py choose_model): a warning in the log and `fit_warning` in the metadata say so. How
 well the fit predicts is measured on runs it did not see: each run left out in turn (`fit_loo_rmse`, beside
 `fit_loo_baseline_rmse` for predicting the mean of the others, and `fit_loo_rank_correlation`, Spearman's, over
 the runs).
@@ -73,7 +73,7 @@ def mixture_weights_asset(recipe: Recipe):
                                  "available": available})
 
     def build(inputs: Inputs, out_dir: Path) -> dict:
-        from trainer.data.mixing import best_mixture, fit_mixture_regression
+        from trainer.data.mixture_search import best_mixture, fit_mixture_regression
         results = inputs.extra["results"]
         model = fit_mixture_regression([r["weights"] for r in results], [r["target_loss"] for r in results],
                                        ridge=cfg.ridge)

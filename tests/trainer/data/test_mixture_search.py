@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from trainer.data.config import MixingConfig
-from trainer.data.mixing import best_mixture, candidate_mixtures, fit_mixture_regression, mixture_name, spearman
+from trainer.data.mixture_search import best_mixture, candidate_mixtures, fit_mixture_regression, mixture_name, spearman
 
 PRIOR = {"web": 0.5, "code": 0.2, "books": 0.2, "math": 0.1}
 OPTIMUM = np.array([0.15, 0.25, 0.35, 0.25])  # books, code, math, web (sorted source order)
