@@ -192,8 +192,8 @@ def recipe_page(schema: dict) -> str:
         lines += ["| field | type | default | description |", "|---|---|---|---|"]
         for field, prop in props.items():
             default = "*required*" if field in required else (
-                f"`{json.dumps(prop['default'], ensure_ascii=False)}`" if "default" in prop else "")
-            lines.append(f"| `{field}` | {_type(prop)} | {_cell(default)} | {_cell(prop.get('description', ''))} |")
+                _code(prop["default"]) if "default" in prop else "")
+            lines.append(f"| `{field}` | {_type(prop)} | {default} | {_cell(prop.get('description', ''))} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -234,8 +234,17 @@ def _type(prop: dict) -> str:
 
 
 def _cell(text: str) -> str:
-    """One Markdown table cell: no line breaks, no bare pipes."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """One Markdown table cell: no line breaks, and outside code spans no bare pipe and no `<name>` read as an HTML
+    tag (inside one, both show as written)."""
+    parts = " ".join(str(text).split()).split("`")
+    return "`".join(part if i % 2 else part.replace("|", "\\|").replace("<", "&lt;") for i, part in enumerate(parts))
+
+
+def _code(value) -> str:
+    """A default as JSON, in a code span; as plain text where it holds a pipe, which a code span in a table cell
+    cannot show the same way on GitHub and on the site."""
+    text = json.dumps(value, ensure_ascii=False)
+    return _cell(text) if "|" in text else f"`{text}`"
 
 
 # --- the CLI reference page --------------------------------------------------------------------------------------
