@@ -138,8 +138,10 @@ def _annotation_models(annotation) -> list:
 def _field_comments(cls) -> dict[str, str]:
     """{field: the comment on its line, else the comment lines right above it} in `cls`'s own source (its bases'
     fields from theirs)."""
+    from pydantic import BaseModel
+
     out: dict[str, str] = {}
-    for klass in reversed([k for k in cls.__mro__ if "model_fields" in vars(k) or k is cls]):
+    for klass in reversed([k for k in cls.__mro__ if issubclass(k, BaseModel) and k is not BaseModel]):
         try:
             source = textwrap.dedent(inspect.getsource(klass))
         except (OSError, TypeError):
