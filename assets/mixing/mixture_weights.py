@@ -93,12 +93,20 @@ def mixture_weights_asset(recipe: Recipe):
         fitted = {r["mixture"] for r in results}
         loo = {r["mixture"]: {"target_loss": r["target_loss"], "predicted_without_it": p}
                for r, p in zip(results, model.loo_predictions)}
-        inputs.log.info(f"mixture fit ({model.model}, {len(results)} runs): leave-one-out error {model.loo_rmse:.4f} "
-                        f"against {model.loo_baseline_rmse:.4f} for the mean of the other runs, rank correlation "
-                        f"{model.loo_rank_correlation}")
+        loo_warning = None
+        if model.loo_rmse >= model.loo_baseline_rmse:
+            loo_warning = (f"the fit predicts a run it did not see no better than the mean of the others (leave-one-out "
+                           f"error {model.loo_rmse:.4f}, the mean's {model.loo_baseline_rmse:.4f}): the chosen mixture "
+                           "is a guess; more candidates or ticks give the fit evidence")
+            inputs.log.warning(f"mixture fit: {loo_warning}")
+        else:
+            inputs.log.info(f"mixture fit ({model.model}, {len(results)} runs): leave-one-out error "
+                            f"{model.loo_rmse:.4f} against {model.loo_baseline_rmse:.4f} for the mean of the other runs, "
+                            f"rank correlation {model.loo_rank_correlation}")
         write_result(out_dir, {"weights": best, "predicted_target_loss": predicted, "r2": model.r2,
                                "loo_rmse": model.loo_rmse, "loo_baseline_rmse": model.loo_baseline_rmse,
                                "loo_rank_correlation": model.loo_rank_correlation, "loo": loo,
+                               "loo_warning": loo_warning,
                                "target": recipe.mixing.target,
                                "model": model.model, "features": model.features, "fit_warning": model.warning,
                                "candidates": {r["mixture"]: r["target_loss"] for r in results},
@@ -123,6 +131,7 @@ def mixture_weights_asset(recipe: Recipe):
             "fit_loo_rmse": payload["loo_rmse"], "fit_loo_baseline_rmse": payload["loo_baseline_rmse"],
             "fit_loo_rank_correlation": payload["loo_rank_correlation"],
             "fit_loo": MetadataValue.json(payload["loo"]),
+            "fit_loo_warning": payload["loo_warning"] or "none: the fit beats the mean of the other runs",
             "fit_model": payload["model"], "fit_features": payload["features"],
             "fit_runs": len(payload["candidates"]),
             "fit_warning": payload["fit_warning"] or "none: at least as many runs as the model's features",

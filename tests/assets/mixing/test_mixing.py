@@ -71,6 +71,8 @@ def test_the_sweep_trains_one_proxy_per_candidate_and_fits_the_weights(tmp_path,
     mean_errors = [v - (sum(swept.values()) - v) / (len(swept) - 1) for v in swept.values()]
     assert chosen["fit_loo_baseline_rmse"] == pytest.approx((sum(e * e for e in mean_errors) / 3) ** 0.5)
     assert chosen["fit_loo_rank_correlation"] is None or -1 <= chosen["fit_loo_rank_correlation"] <= 1
+    beats_the_mean = chosen["fit_loo_rmse"] < chosen["fit_loo_baseline_rmse"]
+    assert chosen["fit_loo_warning"].startswith("none") == beats_the_mean, chosen["fit_loo_warning"]
     assert set(status(capsys).values()) == {"fresh"}
     before = {name: metadata(instance, AssetKey(["mixing", "mix_sweep"]), name)["target_loss"] for name in partitions}
 
