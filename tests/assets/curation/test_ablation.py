@@ -219,8 +219,8 @@ def test_changed_threshold_makes_only_its_sources_ablation_stale_and_reuses_the_
     assert main(["status"]) == 0
     verdicts = [line.split(None, 2) for line in capsys.readouterr().out.splitlines() if "  verdict  " in line]
     assert [(key, text.split(" (")[0]) for key, _, text in verdicts] == [
-        ("curation/junky/ablation", "curated: spread not measured"),
-        ("curation/math/ablation", "curated: spread not measured")]
+        ("curation/junky/ablation", "curated: spread not measured by reference loss"),
+        ("curation/math/ablation", "curated: spread not measured by reference loss")]
 
 
 @pytest.mark.parametrize("module, before, after", [
