@@ -11,8 +11,9 @@ loss of a run are counted, and the result files.
 
 The counts, the same for the ladder, the fit and every stage's prediction:
 - N is the non-embedding parameter count (Kaplan et al. 2020): every weight but the input embedding and the
-  output head. At these sizes the vocabulary's two matrices are most of the weights and would hide the model's
-  size; the trainer's MFU counts the head, the scaling law does not.
+  output head (trainer.config.ParameterCount.non_embedding, the one count the planner and MFU read too). At these
+  sizes the vocabulary's two matrices are most of the weights and would hide the model's size; the trainer's MFU
+  counts the head (its matmul costs FLOPs), the scaling law does not.
 - D is the tokens the run trained on (the trainer's own count).
 - C = 6·N·D, the compute axis of the fit and of its compute-optimal N and D (trainer/planner/scaling_law.py);
   the full training FLOPs (embedding head and attention included) are recorded beside it.
@@ -32,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from assets.stages import merge, proxy_run, split_launch
 from trainer.config import BatchConfig, ModelConfig
-from trainer.planner.plan import ModelShape, flops_per_token, parameter_count
+from trainer.planner.plan import ModelShape, flops_per_token
 
 if TYPE_CHECKING:
     from assets.recipe import Recipe
@@ -145,10 +146,9 @@ def rung_settings(recipe: Recipe, rung: Rung) -> dict:
 
 
 def non_embedding_params(settings: dict) -> int:
-    """N of a stage's run-config fields: every weight but the input embedding and the output head."""
-    model = ModelConfig(**settings.get("model", {}))
-    shape = ModelShape.from_model_config(model, seq_len=_seq_len(settings))
-    return parameter_count(shape) - 2 * model.vocab_size * model.d_model
+    """N of a stage's run-config fields: every weight but the input embedding and the output head (the trainer's
+    count, trainer.config.ParameterCount.non_embedding)."""
+    return ModelConfig(**settings.get("model", {})).parameter_count().non_embedding
 
 
 def train_flops(settings: dict, tokens: float) -> float:
