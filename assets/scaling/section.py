@@ -6,7 +6,7 @@ loss of a run are counted, and the result files.
       sizes:  [{d_model: 32, n_layers: 1, n_heads: 2}, ..., {d_model: 96, n_layers: 2, n_heads: 4}]   # >= 5
       tokens: [65536, 131072, 262144]            # >= 3 budgets; or tokens_per_param: [10, 20, 40]
       proxy:  {metrics: {downstream_interval: 0}} # stage fields merged over training.main
-      held_out: true                             # the largest rung is predicted, not fitted
+      held_out: true                             # fits without the largest size, and without the largest budget
       bootstrap: 200
 
 The counts, the same for the ladder, the fit and every stage's prediction:
@@ -93,7 +93,9 @@ class ScalingSection(BaseModel):
         "token budgets as multiples of each size's N (at least 3), instead of `tokens`"))
     seed: int = Field(0, description="every rung's seed, and the bootstrap's")
     proxy: dict[str, Any] = Field({}, description="stage fields merged over training.main (schedule, batch, launch)")
-    held_out: bool = Field(True, description="the largest rung (most compute) is predicted by the fit, not fitted")
+    held_out: bool = Field(True, description=(
+        "also fit without every rung of the largest size, and separately without each size's largest budget, and "
+        "report the error on each rung left out"))
     bootstrap: int = Field(200, ge=0, description="resamples for the parameters' intervals")
 
     @model_validator(mode="after")
@@ -177,12 +179,23 @@ def rungs(recipe: Recipe) -> list[Rung]:
     return out
 
 
-def largest(runs: list[Rung]) -> Rung:
-    """The rung of most compute (the held-out one)."""
-    return max(runs, key=lambda r: (compute(r.n_params, r.tokens), r.n_params))
+def largest_size(runs: list[Rung]) -> list[Rung]:
+    """Every rung of the largest model size (most N): the held-out size, which the rest of the ladder predicts."""
+    top = max(r.n_params for r in runs)
+    return [r for r in runs if r.n_params == top]
+
+
+def largest_budget(runs: list[Rung]) -> list[Rung]:
+    """Each size's rung of the most tokens: the held-out budget, which each size's shorter runs predict."""
+    most = {}
+    for r in runs:
+        if r.n_params not in most or r.tokens > most[r.n_params].tokens:
+            most[r.n_params] = r
+    return [r for r in runs if most[r.n_params] is r]
 
 
 def smallest(runs: list[Rung]) -> Rung:
+    """The rung of least compute."""
     return min(runs, key=lambda r: (compute(r.n_params, r.tokens), r.n_params))
 
 

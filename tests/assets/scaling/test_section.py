@@ -8,7 +8,15 @@ import yaml
 
 from assets.cli import main
 from assets.recipe import REPO_ROOT, RecipeError, load_recipe
-from assets.scaling.section import compute, largest, non_embedding_params, rungs, smallest, weighted_loss
+from assets.scaling.section import (
+    compute,
+    largest_budget,
+    largest_size,
+    non_embedding_params,
+    rungs,
+    smallest,
+    weighted_loss,
+)
 
 LADDER = REPO_ROOT / "recipes" / "ladder.yaml"
 
@@ -79,7 +87,10 @@ def test_the_ladder_recipe_has_five_sizes_at_three_budgets_and_counts_n_without_
     assert ladder[0].n_params == 4 * 32 * 32 + 3 * 32 * 128 + 2 * 32 + 32
     assert non_embedding_params({"model": {"vocab_size": 8192, "d_model": 32, "n_layers": 1, "n_heads": 2}}) == \
         non_embedding_params({"model": {"vocab_size": 50000, "d_model": 32, "n_layers": 1, "n_heads": 2}})
-    assert largest(ladder).name == ladder[-1].name and smallest(ladder).name == ladder[0].name
+    assert smallest(ladder).name == ladder[0].name
+    # The held-out checks: every rung of the largest size; each size's rung of the largest budget.
+    assert [r.name for r in largest_size(ladder)] == [r.name for r in ladder[-len(budgets):]]
+    assert [r.name for r in largest_budget(ladder)] == [r.name for r in ladder[len(budgets) - 1::len(budgets)]]
     assert compute(ladder[0].n_params, budgets[0]) == 6 * ladder[0].n_params * budgets[0]
 
 
