@@ -50,10 +50,11 @@ class ParameterCount:
     """A Llama-style model's weights, counted once (count_parameters, through ModelConfig.parameter_count and the
     planner's ModelShape.parameter_count) for the planner, MFU and the scaling ladder, each reading its own figure:
 
-    - `total`: every weight, each once (a tied head shares the embedding's): memory, optimizer state, checkpoints.
-    - `non_embedding`: all but the input embedding and the output head (Kaplan et al. 2020's N), the N a scaling
-      law is fitted on: at small sizes the vocabulary's two matrices are most of the weights and would hide how
-      the model grows (assets/scaling/section.py).
+    - `total`: every weight, each once (a tied head shares the embedding's): memory, optimizer state, checkpoints,
+      and the N of the scaling ladder's law (Hoffmann et al. 2022's count; assets/scaling/section.py says why not
+      Kaplan's non-embedding one at a ladder's sizes).
+    - `non_embedding`: all but the input embedding and the output head (Kaplan et al. 2020's N), for comparison with
+      laws fitted on that count.
     - `matmul`: the weights a token is multiplied through, all but the input embedding (a lookup, no FLOPs) with
       the head's matrix counted even where it is the embedding's: 6·matmul is the training FLOPs per token before
       attention's 12·L·T·d (flops_per_token: MFU and the planner's GPU-hours).

@@ -29,8 +29,8 @@ from assets.scaling.section import (
     ladder_key,
     largest_budget,
     largest_size,
-    non_embedding_params,
     rungs,
+    scaling_params,
     smallest,
     write_result,
 )
@@ -45,7 +45,7 @@ def fit_asset(recipe: Recipe):
     ladder_version = ladder_spec(recipe).code_version  # the current proxy's runs only
     section = recipe.scaling
     main = dict(recipe.training.main)
-    main_n, main_d = non_embedding_params(main), int(main["train_tokens"])
+    main_n, main_d = scaling_params(main), int(main["train_tokens"])
 
     def prepare(inputs: Inputs) -> Inputs:
         results, versions, missing, other = [], {}, [], []

@@ -187,7 +187,7 @@ def budget_report(flops: float, fit: ScalingFit | None = None, *, fit_source: st
           f"({TOKENS_PER_PARAMETER} tokens per parameter), predicted loss {fit.predict(*chinchilla):.4f}", file=out)
     print(f"rule applied          {rule}: L = {fit.E:.4g} + {fit.A:.4g}/N^{fit.alpha:.4f} + {fit.B:.4g}/D^{fit.beta:.4f}"
           f" over {fit.points} points, from {fit_source}" + (f" ({fit.rule})" if fit.rule else ""), file=out)
-    print("                      N counts parameters as the fit's points do (scaling/fit: non-embedding ones)", file=out)
+    print("                      N counts parameters as the fit's points do (scaling/fit: every parameter)", file=out)
     return {"rule": "fit", "params": params, "tokens": tokens, "exponents": (a, b), "loss": loss}
 
 

@@ -5,7 +5,7 @@ from dagster import AssetKey
 
 import assets.scaling.fit as fit_module
 from assets.recipe import load_recipe
-from assets.scaling.section import non_embedding_params
+from assets.scaling.section import scaling_params
 from tests.assets.scaling.test_section import LADDER
 from tests.assets.test_plots import decoded
 from trainer.planner.scaling_law import fit_scaling_law
@@ -17,7 +17,7 @@ def test_the_fit_reads_the_ladder_and_versions_its_settings_and_mains_size(monke
     spec = fit_module.fit_asset(recipe)
     assert spec.key == AssetKey(["scaling", "fit"]) and list(spec.deps) == [AssetKey(["scaling", "ladder"])]
     assert "proxy" not in spec.section["fit"] and spec.section["fit"]["held_out"] is True
-    assert spec.section["main"] == {"n_params": non_embedding_params(recipe.training.main),
+    assert spec.section["main"] == {"n_params": scaling_params(recipe.training.main),
                                     "tokens": recipe.training.main["train_tokens"]}
 
 
