@@ -47,8 +47,8 @@ SIZES = [{"d_model": 32, "n_layers": 1, "n_heads": 2}, {"d_model": 48, "n_layers
      r"scaling\.sizes\[4\]: Value error, n_heads 4 is not divisible by n_kv_heads 3"),
     ({"sizes": [*SIZES[:4], {"width": 96, "n_layers": 2, "n_heads": 4}]}, r"scaling\.sizes\[4\]\.width: Extra inputs"),
     ({"sizes": [*SIZES[:4], SIZES[0]]}, r"scaling\.sizes\[4\]: d32-l1-h2 is given twice"),
-    ({"sizes": [*SIZES[:4], {"d_model": 96, "n_layers": 2, "n_heads": 2}]},
-     r"scaling\.sizes\[4\] \(d96-l2-h2\): 1,794,528 parameters, as many as scaling\.sizes\[3\]"),
+    ({"sizes": [*SIZES[:4], {"d_model": 96, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4}]},
+     r"scaling\.sizes\[4\] \(d96-l2-h4-kv4\): 1,794,624 parameters, as many as scaling\.sizes\[3\]"),
     ({"tokens_per_param": [1, 2, 4]}, r"scaling: give the token budgets as `tokens` or as `tokens_per_param`"),
     ({"tokens": [65536, 65536, 131072]}, r"scaling\.tokens: a budget is given twice"),
     ({"tokens": [65536, 0, 131072]}, r"scaling\.tokens\[1\]: a budget must be > 0"),
@@ -84,8 +84,8 @@ def test_the_ladder_recipe_has_five_sizes_below_main_at_budgets_up_to_mains_and_
     assert len(sizes) >= 5 and len(budgets) >= 3 and len(ladder) == len(sizes) * len(budgets)
     assert [r.name for r in ladder[:2]] == [f"{sizes[0].name}-t{budgets[0]}", f"{sizes[0].name}-t{budgets[1]}"]
     # d=32, 1 layer, 2 heads sharing 1 kv head, d_ff 128: q and o 2·32², k and v 2·32·16, SwiGLU 3·32·128, two
-    # norms 2·32, the final norm 32, and the embedding and head 2·8192·32 (N counts every parameter).
-    assert ladder[0].n_params == 2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 128 + 2 * 32 + 32 + 2 * 8192 * 32
+    # norms 2·32 and QK-norm's 2·16, the final norm 32, and the embedding and head 2·8192·32 (every parameter).
+    assert ladder[0].n_params == 2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 128 + 2 * 32 + 2 * 16 + 32 + 2 * 8192 * 32
     # Main is a size beyond every rung, at the ladder's largest budget: the fit predicts it as its held-out size check
     # predicts the largest size.
     assert max(r.n_params for r in ladder) < scaling_params(recipe.training.main)
