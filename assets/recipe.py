@@ -23,7 +23,7 @@ import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from assets.scaling.section import ScalingSection, non_embedding_params
+from assets.scaling.section import ScalingSection, scaling_params
 from assets.stages import AblationSection, EvaluationSection, MixingSection, TrainingSection, check_stage, merge
 from pipelines.decontam.config import DecontamConfig
 from pipelines.dedup.config import DedupConfig
@@ -297,9 +297,9 @@ class Recipe(BaseModel):
             where = f"scaling.sizes[{i}] ({size.name})"
             settings = merge(base, {"model": size.model()})
             check_stage(where, settings)
-            n = non_embedding_params(settings)
+            n = scaling_params(settings)
             if n in seen:
-                raise ValueError(f"{where}: {n:,} non-embedding parameters, as many as scaling.sizes[{seen[n]}]: "
+                raise ValueError(f"{where}: {n:,} parameters, as many as scaling.sizes[{seen[n]}]: "
                                  "the fit needs sizes of different N")
             seen[n] = i
         return self
