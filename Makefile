@@ -9,6 +9,8 @@ STAMP := $(VENV)/.installed
 export PRETRAIN_HOME ?= $(CURDIR)/.pretrain
 export DAGSTER_HOME ?= $(PRETRAIN_HOME)/dagster
 export HF_HUB_OFFLINE := 1
+# Material for MkDocs prints a banner about MkDocs 2 on every build (`make docs`); the site is pinned to MkDocs 1.
+export NO_MKDOCS_2_WARNING := 1
 # Bytecode is cached (__pycache__ in the venv and the repo): a machine that sets PYTHONDONTWRITEBYTECODE, as ours do,
 # otherwise compiles every module again in every process, and uv installs none precompiled. That was ~4 s of CPU per
 # process that loads the code location and great-expectations (8.9 -> 4.7 s) and ~0.6 s per trainer (docs/stack.md).
@@ -18,14 +20,14 @@ export DS_ACCELERATOR := cpu
 # compiles it (~35 s) and two trainers started side by side never build it into the same folder at once.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/$(VENV)/torch_extensions
 
-.PHONY: demo ladder test test-fast ui tensorboard bench install clean system-deps
+.PHONY: demo ladder test test-fast ui tensorboard bench install clean system-deps docs docs-serve docs-reference
 
 install: $(STAMP)
 
 # The package and every extra (what CI tests), pinned by constraints.txt. A user who wants the tool alone:
 # the same first three lines, then `pip install -c constraints.txt -e '.[eval]'` (or with `ray`, `postgres`). Without
 # `eval` everything but the evaluation assets and `pretrain eval` works (they need lm-evaluation-harness).
-EXTRAS ?= test,eval,ray,postgres
+EXTRAS ?= test,eval,ray,postgres,docs
 # -qq: errors only. pip's warnings here were about package folders of this machine's pip configuration that do not
 # exist ("Location 'file:///...' is ignored"), 11 lines a user can do nothing about.
 PIP := $(BIN)/pip install -qq --disable-pip-version-check
@@ -68,7 +70,7 @@ demo: $(STAMP)
 	@echo "  $(BIN)/pretrain where curation/web/raw_crawl"
 	@echo "  $(BIN)/pretrain docs raw_crawl --source web --limit 3"
 
-# The scaling ladder of recipes/ladder.yaml (README, Scaling ladder): the demo's curation (reused where `make demo` ran
+# The scaling ladder of recipes/ladder.yaml (docs/scaling.md): the demo's curation (reused where `make demo` ran
 # in this PRETRAIN_HOME), the mix sweep, 15 proxy runs and the fit; then training/main, which records the fit's
 # prediction before it trains. Two commands: main does not depend on the fit (a refit must not make it stale), so
 # only the order of the commands makes it start after the fit.
@@ -82,7 +84,7 @@ ladder: $(STAMP)
 	@echo "compute) and training/main's (predicted_val_loss, achieved_val_loss, prediction_error_pct)."
 
 # The whole suite (what CI runs): real S3, PostgreSQL, Slurm, Ray, Chromium and DeepSpeed runs, under 30 minutes on 2
-# cores with the install (README, Layout). Two pytest-xdist workers: most tests wait on trainers, Dagster runs
+# cores with the install (CONTRIBUTING.md, The suite). Two pytest-xdist workers: most tests wait on trainers, Dagster runs
 # and servers, and one process kept 2 cores 57% busy. `--dist loadgroup`: the tests of one session or module fixture
 # (the S3 server, the Slurm cluster, the curated home, a module's reference run) run on one worker (tests/conftest.py),
 # so none is built twice.
@@ -105,6 +107,22 @@ ui: $(STAMP)
 tensorboard: $(STAMP)
 	$(BIN)/tensorboard --logdir $(PRETRAIN_HOME)/work/training --host 127.0.0.1 --port 6006
 
+# The documentation site (mkdocs.yml, from docs/) into site/: --strict makes every warning an error, so a broken link
+# or anchor, or a page missing from the nav, fails the build (tests/test_docs.py runs the same build in the suite).
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
+
+# The site served while you edit it, rebuilt on every save: http://127.0.0.1:8000
+DOCS_PORT ?= 8000
+docs-serve: $(STAMP)
+	$(BIN)/mkdocs serve --strict --dev-addr 127.0.0.1:$(DOCS_PORT)
+
+# What is generated from the code: the recipe's JSON Schema (docs/recipe.schema.json, which the shipped recipes name
+# for editors) and the recipe and CLI reference pages (docs/reference/). Run it after changing a recipe model or
+# the `pretrain` parser; tests/test_docs.py fails while the committed files differ from a fresh generation.
+docs-reference: $(STAMP)
+	$(BIN)/python -c "from assets.cli.command import build_parser; from assets.cli.reference import write; write(build_parser())"
+
 bench: $(STAMP)
 	for script in bench/*.py; do \
 	  case $$script in bench/gpu_*) $(BIN)/python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" \
@@ -112,4 +130,4 @@ bench: $(STAMP)
 	  echo "== $$script"; $(BIN)/python $$script || exit 1; done
 
 clean:
-	rm -rf $(PRETRAIN_HOME)
+	rm -rf $(PRETRAIN_HOME) site

@@ -23,7 +23,7 @@ import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from assets.scaling.section import ScalingSection, non_embedding_params
+from assets.scaling.section import ScalingSection, scaling_params
 from assets.stages import AblationSection, EvaluationSection, MixingSection, TrainingSection, check_stage, merge
 from pipelines.decontam.config import DecontamConfig
 from pipelines.dedup.config import DedupConfig
@@ -64,12 +64,17 @@ class SourceConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(description="Asset-key-safe name: lower-case letters, digits and _")
-    format: Literal["warc", "wet", "jsonl", "parquet", "text"]
+    format: Literal["warc", "wet", "jsonl", "parquet", "text"] = Field(description=(
+        "How the inputs are read: WARC (HTML extracted), WET (text), JSON lines, Parquet or plain text files"))
     inputs: list[str] = Field(min_length=1, description=(
         "Paths, globs or file:// URIs, relative to base_dir, or fsspec URLs and globs "
         "(s3://bucket/crawl/*.warc.gz; S3 endpoint and credentials from the AWS_* variables)"))
-    reader: ReaderConfig = ReaderConfig()
-    filter: FilterConfig = FilterConfig()
+    reader: ReaderConfig = Field(ReaderConfig(), description=(
+        "How records become documents (pipelines.ingest.config.ReaderConfig): which fields hold the text, id and "
+        "URL, which files of a folder or tarball, HTML extraction, size limits, the share of bad records allowed"))
+    filter: FilterConfig = Field(FilterConfig(), description=(
+        "The filter steps, each turned on by name with its settings (pipelines/filters/config.py; docs/curation/"
+        "filters.md); a step left out is off"))
     # A crawl of many dumps: `{dump}` in its inputs stands for one folder name (crawl/{dump}/*.warc.gz). Each dump
     # is a partition of the source's assets (assets/dumps.py). The dumps are these, or, left out, every
     # folder found where `{dump}` stands (found by the dump sensor and by `pretrain status` and `materialize`).
@@ -143,7 +148,9 @@ class ChecksConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    mode: Literal["chunks", "sample"] = "chunks"
+    mode: Literal["chunks", "sample"] = Field("chunks", description=(
+        "chunks: every document, in frames of at most chunk_documents rows; sample: a seeded sample of "
+        "sample_documents documents"))
     chunk_documents: int = Field(10_000, ge=1, description="Rows of the largest DataFrame a check builds")
     # GE holds ~9 bytes per character of a frame's text at its peak (pandas 3 string copies, measured): this bounds
     # a frame of long documents where the row count would not.
@@ -156,16 +163,20 @@ class ChecksConfig(BaseModel):
 class Recipe(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str
-    description: str = ""
+    name: str = Field(description="The recipe's name, shown by `pretrain` and in the runs' tags")
+    description: str = Field("", description="What the recipe is for, in a sentence")
     base_dir: str = Field(".", description="Where relative inputs are found, relative to the recipe file")
-    sources: list[SourceConfig] = Field(min_length=1)
-    quality_classifier: QualityClassifierConfig | None = None
+    sources: list[SourceConfig] = Field(min_length=1, description=(
+        "The input corpora, each with its reader and filter; a source's name is part of its assets' keys"))
+    quality_classifier: QualityClassifierConfig | None = Field(None, description=(
+        "Trains curation/quality_classifier, the model a source's `quality_model` filter step scores with: "
+        "positive files, negative sources and files, boilerplate sources, the labelled files it is judged on"))
     reference: ReferenceConfig | None = None  # the reference LM of the perplexity filter (curation/reference_lm)
     dedup: DedupConfig = DedupConfig()  # one global stage over all sources
     decontamination: DecontamConfig = DecontamConfig()  # benchmark paths relative to base_dir
     tokenizer: TokenizerConfig = TokenizerConfig()  # train a BPE, or adopt `path` (relative to base_dir)
-    packing: PackingConfig = PackingConfig()
+    packing: PackingConfig = Field(PackingConfig(), description=(
+        "How each source's documents are packed into token shards: the validation split, by document"))
     mixing: MixingSection | None = None  # the proxy-model mix sweep (assets/stages.py)
     training: TrainingSection | None = None  # main, long-context stages, anneal (assets/stages.py)
     evaluation: EvaluationSection = EvaluationSection()  # what each stage's final checkpoint is measured on
@@ -286,9 +297,9 @@ class Recipe(BaseModel):
             where = f"scaling.sizes[{i}] ({size.name})"
             settings = merge(base, {"model": size.model()})
             check_stage(where, settings)
-            n = non_embedding_params(settings)
+            n = scaling_params(settings)
             if n in seen:
-                raise ValueError(f"{where}: {n:,} non-embedding parameters, as many as scaling.sizes[{seen[n]}]: "
+                raise ValueError(f"{where}: {n:,} parameters, as many as scaling.sizes[{seen[n]}]: "
                                  "the fit needs sizes of different N")
             seen[n] = i
         return self

@@ -6,7 +6,7 @@ them whole; every later stage gives only what it changes, merged over the stage 
 stage reads like what it is. The later stages are one list, in order; each starts from an earlier one:
 `continue_from: <stage>` continues that run (weights, optimizer state, step and token count; the LR
 schedule goes on, trainer.optim.lr_at), `init_from: <stage>` takes its weights only (a fresh optimizer and
-schedule). Neither: init_from the stage before. A WSD run (README, Training stages):
+schedule). Neither: init_from the stage before. A WSD run (docs/stages.md):
 
     training:
       main: {train_tokens: 2000000, schedule: {kind: wsd, warmup_tokens: 20000, decay_fraction: 0.0}, ...}

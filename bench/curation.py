@@ -105,7 +105,7 @@ def run(recipe_path: Path, name: str, home: Path, rounds: int) -> None:
     from dagster import AssetKey
     from datatrove.executor import LocalPipelineExecutor
 
-    from assets.cli import Factory
+    from assets.cli.factory import Factory
     from assets.core.upstream import latest_output
     from assets.curation.filtered import filtered_key, resolved_filter
     from assets.curation.quality_classifier import CLASSIFIER_KEY, MODEL_FILE

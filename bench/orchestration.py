@@ -135,7 +135,7 @@ def child(kind: str, target: str) -> None:
             location = InProcessCodeLocation(InProcessCodeLocationOrigin(origin), instance=instance)
             assert location.get_repositories(), "the code location has no repository"
     elif kind == "plan-ours":
-        from assets.cli import Factory
+        from assets.cli.factory import Factory
         from assets.core.startup import own_process
 
         own_process()  # as `pretrain materialize`'s main does: the process is the command's

@@ -4,7 +4,7 @@
     fields = env.resource_fields()                 # ExecutorResource(**fields)
 
 Apart from resources/executor.py because it imports no Dagster: `pretrain materialize` reads it first thing, to
-start the local executor's helper processes while Dagster and the code location load (assets/cli.py).
+start the local executor's helper processes while Dagster and the code location load (assets/cli/materialize.py).
 """
 
 from __future__ import annotations

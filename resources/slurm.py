@@ -30,11 +30,11 @@ from dagster import Config, PipesFileContextInjector, PipesFileMessageReader
 
 
 class SlurmConfig(Config):
-    partition: str | None = None
+    partition: str | None = None  # the Slurm partition (None: the cluster's default)
     time: str | None = None  # the job's time limit, e.g. "7-00:00:00" (None: the partition's default)
-    gpus_per_node: int | None = None
+    gpus_per_node: int | None = None  # GPUs asked of each node (--gpus-per-node; None: none asked)
     cpus_per_task: int | None = None  # CPUs of the one task per node: all of torchrun's processes share them
-    job_name: str = "pretrain"
+    job_name: str = "pretrain"  # the batch job's name in squeue and sacct
     rdzv_port: int = 29400  # c10d rendezvous port on the step's first node
     exclude: list[str] = []  # nodes the job must not use (the launcher adds a node it takes out: SDC, hangs)
     sbatch_args: list[str] = []  # anything else for the allocation, e.g. ["--account=ml", "--qos=high", "--exclusive"]

@@ -15,7 +15,9 @@ from tests.source_imports import absolute_imports
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipelines", "assets", "trainer", "resources", "storage")
 OWN = set(PACKAGES) | {"tests", "bench", "conftest"}
-TEST_STACK = {"pytest", "pytest-timeout", "moto", "playwright", "datasketch"}
+TEST_STACK = {"pytest", "pytest-timeout", "moto", "playwright", "datasketch", "jsonschema"}
+# The documentation site (`make docs`; the suite builds it through `python -m mkdocs`): never a dependency of the tool.
+DOCS_STACK = {"mkdocs", "mkdocs-material"}
 # lm-evaluation-harness's Hugging Face model needs transformers at run time: the [eval] extra declares it (the export
 # test uses it too, so [test] may as well); never a core dependency.
 EVAL_STACK = {"lm-eval", "transformers"}
@@ -38,7 +40,7 @@ def declared() -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for line in metadata.requires("pretrain-factory") or []:
         req = Requirement(line)
-        extras = [e for e in ("test", "eval", "ray", "postgres") if req.marker and req.marker.evaluate({"extra": e})]
+        extras = [e for e in ("test", "eval", "ray", "postgres", "docs") if req.marker and req.marker.evaluate({"extra": e})]
         for extra in extras or ([""] if not req.marker else []):
             out.setdefault(canonicalize_name(req.name), set()).add(extra)
     return out
@@ -63,6 +65,8 @@ def test_every_module_the_code_imports_is_declared_and_the_test_and_eval_stacks_
     for name in EVAL_STACK:
         extras = deps.get(canonicalize_name(name), set())
         assert "eval" in extras and "" not in extras, f"{name}: in the [eval] extra, not a core dependency, got {extras}"
+    for name in DOCS_STACK:
+        assert deps.get(canonicalize_name(name)) == {"docs"}, f"{name}: only in the [docs] extra, got {deps.get(name)}"
 
 
 def test_every_declared_distribution_is_installed_at_a_version_constraints_txt_pins():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -42,6 +43,60 @@ class _Config(BaseModel):
 
     def _check(self) -> None:
         """A section's own rules, beyond the types; a ValueError names the field by its path in run.json."""
+
+
+@dataclass(frozen=True)
+class ParameterCount:
+    """A Llama-style model's weights, counted once (count_parameters, through ModelConfig.parameter_count and the
+    planner's ModelShape.parameter_count) for the planner, MFU and the scaling ladder, each reading its own figure:
+
+    - `total`: every weight, each once (a tied head shares the embedding's): memory, optimizer state, checkpoints,
+      and the N of the scaling ladder's law (Hoffmann et al. 2022's count; assets/scaling/section.py says why not
+      Kaplan's non-embedding one at a ladder's sizes).
+    - `non_embedding`: all but the input embedding and the output head (Kaplan et al. 2020's N), for comparison with
+      laws fitted on that count.
+    - `matmul`: the weights a token is multiplied through, all but the input embedding (a lookup, no FLOPs) with
+      the head's matrix counted even where it is the embedding's: 6·matmul is the training FLOPs per token before
+      attention's 12·L·T·d (flops_per_token: MFU and the planner's GPU-hours).
+    """
+
+    embedding: int  # the input embedding, vocab × d_model
+    head: int  # the output head's own matrix: vocab × d_model, 0 when tied to the embedding
+    body: int  # the blocks (attention, MLP, their norms) and the final norm
+    tied: bool = False
+
+    @property
+    def total(self) -> int:
+        return self.embedding + self.head + self.body
+
+    @property
+    def non_embedding(self) -> int:
+        return self.body
+
+    @property
+    def matmul(self) -> int:
+        return self.body + (self.embedding if self.tied else self.head)
+
+
+def count_parameters(*, vocab: int, d_model: int, layers: int, heads: int, kv_heads: int, d_ff: int,
+                     qk_norm: bool = False, tied: bool = False) -> ParameterCount:
+    """The weights of trainer.model.transformer's layout (no biases, RMSNorm one gain vector; per layer q, k, v, o,
+    the SwiGLU's gate, up and down, two norms and, with QK-norm, a gain of head_dim each on queries and keys)."""
+    head_dim = d_model // heads
+    attention = 2 * d_model * d_model + 2 * d_model * kv_heads * head_dim  # q and o; k and v (grouped)
+    mlp = 3 * d_model * d_ff
+    norms = 2 * d_model + (2 * head_dim if qk_norm else 0)
+    matrix = vocab * d_model
+    return ParameterCount(embedding=matrix, head=0 if tied else matrix,
+                          body=layers * (attention + mlp + norms) + d_model, tied=tied)  # + d_model: the final norm
+
+
+def flops_per_token(params: ParameterCount, *, layers: int, d_model: int, seq_len: int,
+                    attention: bool = True) -> float:
+    """Training FLOPs per token, forward and backward: 6 per weight multiplied through (params.matmul) plus
+    12·L·T·d for the attention scores and their weighted sum (PaLM appendix B; not halved for causality).
+    attention=False leaves that term out: the 6·N·D of cost tables."""
+    return 6 * params.matmul + (12 * layers * seq_len * d_model if attention else 0)
 
 
 class ModelConfig(_Config):
@@ -122,6 +177,11 @@ class ModelConfig(_Config):
     @property
     def ff_dim(self) -> int:
         return self.d_ff if self.d_ff is not None else -(-(8 * self.d_model // 3) // 64) * 64
+
+    def parameter_count(self) -> ParameterCount:
+        """The model's weights by use (ParameterCount): the head is never tied here."""
+        return count_parameters(vocab=self.vocab_size, d_model=self.d_model, layers=self.n_layers, heads=self.n_heads,
+                                kv_heads=self.kv_heads, d_ff=self.ff_dim, qk_norm=self.qk_norm)
 
 
 class OptimConfig(_Config):

@@ -155,11 +155,10 @@ class Trainer:
             # first (it brackets the others), then a test's (they act on the step before the checks see it).
             self.callbacks: list[Callback] = [WatchdogCallback(self.watchdog), *extra_callbacks()]
             self._new_module()
-            n_matmul = self.model.transformer.num_params(exclude_embedding=True)  # before ZeRO-3 partitions it
-            self.n_params = self.model.transformer.num_params()
+            self.n_params = cfg.model.parameter_count().total  # the config's count: a rank may hold a part (PP, TP)
             self.metrics = Metrics(cfg.metrics, cfg.output_dir, rank=self.dist.rank,
                                    world_size=self.dist.world_size,
-                                   flops_per_token=flops_per_token(n_matmul, cfg.model, cfg.batch.seq_len),
+                                   flops_per_token=flops_per_token(cfg.model, cfg.batch.seq_len),
                                    train_tokens=cfg.train_tokens)
             self.watchdog.on_fire = self.metrics.log_event
             if checks_off:

@@ -12,7 +12,7 @@ only cyclic garbage made inside the block is never collected (a nested block lea
 
 Frozen objects are never collected, even once they are garbage, so only a process that owns what it builds may
 freeze it: the code location's (assets/definitions.py builds `defs` once a process) and a `pretrain` command's own
-process (`own_process()`, called by assets/cli.py's main when it reads sys.argv). A caller that runs the command
+process (`own_process()`, called by the main() of assets/cli/command.py when it reads sys.argv). A caller that runs the command
 as a function (a test, another program) runs it many times in one process: there the block does nothing, or each
 run's definitions would stay in memory for good, and each block's first collection would scan the whole heap.
 """

@@ -40,7 +40,7 @@ from assets.core.lineage import lineage
 from assets.core.source_hash import code_digest
 from assets.core.upstream import Output
 from assets.core.versioning import file_fingerprints
-from assets.curation.ablation_report import CURATED, RAW, WITHOUT, summarize, table
+from assets.curation.ablation_report import CURATED, METRICS, RAW, WITHOUT, summarize, table
 from assets.curation.filtered import filter_code, filtered_key, resolved_filter, run_filter
 from assets.curation.quality_classifier import CLASSIFIER_KEY
 from assets.curation.raw_crawl import raw_crawl_key
@@ -59,6 +59,14 @@ RESULT_FILE = "result.json"
 REFERENCE_DOMAIN = "reference_"  # a validation domain's name: reference_<val file's stem>
 ARM_DOMAIN = "arm"  # the arm's own text: its held-out split is reported, never compared (each arm's differs)
 SHARD = "part-00000"  # a reference text's one packed shard
+# The code that makes each piece reused across builds, part of that piece's key: a piece made by other code is made
+# again. A packed reference text: its paragraphs as the reference model reads them, tokenized and packed.
+REFERENCE_CODE = ("assets.curation.ablation:_reference_domain,SHARD",
+                  "pipelines.filters.perplexity:read_reference_text,reference_paragraphs",
+                  "pipelines.tokenization.tokenizer", "pipelines.tokenization.packed_format")
+PACK_CODE = ("assets.tokenization.packed:pack_parts", "pipelines.tokenization.pack")
+# A proxy run's figures: the trainer, and what reads its results into result.json.
+RUN_CODE = ("trainer", "assets.curation.ablation:_train,RESULT_FILE,REFERENCE_DOMAIN")
 # Zero-shot tasks at the end only: an interval no arm reaches (the trainer always evaluates at its last step).
 AT_THE_END = 1 << 30
 
@@ -114,8 +122,8 @@ def ablation_asset(recipe: Recipe, source: SourceConfig):
     tasks = list(section.tasks if section.tasks is not None else recipe.evaluation.tasks)
     seeds = [section.seed + i for i in range(section.repeats)]
     val_files = [recipe.input_root / name for name in recipe.reference.val_files]
-    trainer_code = code_digest(("trainer",))
-    pack_code = code_digest(("assets.tokenization.packed:pack_parts", "pipelines.tokenization.pack"))
+    run_code = code_digest(RUN_CODE)
+    pack_code = code_digest(PACK_CODE)
     own_section = {k: v for k, v in section.model_dump(mode="json").items() if k not in ("sources", "proxy")}
 
     def prepare(inputs: Inputs) -> Inputs:
@@ -155,7 +163,7 @@ def ablation_asset(recipe: Recipe, source: SourceConfig):
                 identity_of_run = {"packed": packed.data_version, "tokenizer": tokenizer.data_version,
                                    "references": sorted((d, out.data_version) for d, out in references.items()),
                                    "run": {k: v for k, v in run.items() if k not in ("data", "lineage")},
-                                   "trainer": trainer_code}
+                                   "code": run_code}
                 label = f"{arm.name} seed {seed}"
                 result, made = _committed(inputs, "runs", identity_of_run, lambda folder: _train(
                     inputs, run, folder, arm=arm.name, seed=seed, launch=launch, packed=packed, records=records))
@@ -172,8 +180,9 @@ def ablation_asset(recipe: Recipe, source: SourceConfig):
         payload = json.loads(inputs.store.get_bytes(f"{output.prefix}/{RESULT_FILE}"))
         summary = payload["summary"]
         arms_figures = summary["arms"]
-        losses = {name: {"reference loss": f["reference_loss"]} for name, f in arms_figures.items()}
-        spread = {name: {"reference loss": (f["spread"] or 0.0) / 2} for name, f in arms_figures.items()}
+        losses = {name: {METRICS[k]: m["mean"] for k, m in f["metrics"].items()} for name, f in arms_figures.items()}
+        spread = {name: {METRICS[k]: (m["spread"] or 0.0) / 2 for k, m in f["metrics"].items()}
+                  for name, f in arms_figures.items()}
         return {
             "verdict": MetadataValue.md("\n".join(f"- {line}" for line in summary["verdict"]) or "one arm only"),
             "verdict_text": "\n".join(summary["verdict"]),  # `pretrain status` prints it
@@ -184,14 +193,13 @@ def ablation_asset(recipe: Recipe, source: SourceConfig):
                                                        if name != RAW}),
             "runs_trained": output.manifest["counts"]["trained"],
             "runs_reused": output.manifest["counts"]["reused"],
-            "loss_plot": grouped_bar_chart(losses, errors=spread, ylabel="mean loss on the reference texts",
-                                           title=f"{source.name}: reference loss per arm (bars: half the seed range)"),
+            "loss_plot": grouped_bar_chart(losses, errors=spread, ylabel="reference loss; answer bits per byte",
+                                           title=f"{source.name}: each metric per arm (bars: half the seed range)"),
         }
 
     return output_asset(OutputSpec(
         key=key, group="curation", stage="ablation",
-        code=("trainer", "assets.tokenization.packed:pack_parts", "pipelines.tokenization.pack",
-              "assets.curation.ablation_report",
+        code=("trainer", *PACK_CODE, "assets.curation.ablation_report",
               *(("assets.curation.filtered:run_filter", *filter_code(resolved)) if variants else ())),
         # The arms that run the filter themselves (a step left out, a setting changed) depend on its settings; raw
         # and curated only on the outputs they read.
@@ -230,7 +238,7 @@ def _reference_domain(inputs: Inputs, path: Path, tokenizer: Output, tokenizer_f
     from tokenizers import Tokenizer
 
     identity = {"file": file_fingerprints([path]), "tokenizer": tokenizer.data_version,
-                "code": code_digest(("assets.curation.ablation:_reference_domain", "pipelines.tokenization.tokenizer"))}
+                "code": code_digest(REFERENCE_CODE)}
 
     def make(folder: Path) -> dict:
         from pipelines.filters.perplexity import read_reference_text, reference_paragraphs
@@ -267,10 +275,14 @@ def _train(inputs: Inputs, run: dict, folder: Path, *, arm: str, seed: int, laun
         raise Failure(description=f"the {arm} arm (seed {seed}) reported no loss on the reference texts: "
                                   f"validation losses {sorted(val)}")
     downstream = result.events("downstream")
-    zero_shot = {task: r.get(r["metric"]) for task, r in (downstream[-1]["tasks"] if downstream else {}).items()}
+    tasks = downstream[-1]["tasks"] if downstream else {}
+    zero_shot = {task: r.get(r["metric"]) for task, r in tasks.items()}
+    # DataDecide's continuous metric: bits per byte of each task's correct answers (assets/curation/ablation_report.py)
+    answer_bpb = {task: r["bpb"] for task, r in tasks.items() if r.get("bpb") is not None}
     figures = {"arm": arm, "seed": seed, "tokens": result.summary.get("tokens"), "steps": result.summary.get("steps"),
                "val_loss": reference, "own_val_loss": {d: v for d, v in val.items() if d not in reference},
                "reference_loss": sum(reference.values()) / len(reference), "zero_shot": zero_shot,
+               "answer_bpb": answer_bpb,
                "documents": packed.manifest["counts"]["train"]["documents"] + packed.manifest["counts"]["val"]["documents"],
                "data": {r["asset"]: r["data_version"] for r in records}}
     (folder / RESULT_FILE).write_text(json.dumps(figures, indent=1, sort_keys=True))

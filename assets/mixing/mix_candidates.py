@@ -1,5 +1,5 @@
 """`mixing/mix_candidates`: every candidate mixture the sweep has drawn so far under the recipe's draw settings,
-drawn around the prior (trainer/data/mixing.py); registers one dynamic partition of mix_sweep per new candidate
+drawn around the prior (trainer/data/mixture_search.py); registers one dynamic partition of mix_sweep per new candidate
 (partition key = the mixture's name).
 
 Each materialization adds one draw to those before it: the scheduled tick named by the run's TICK_TAG (the
@@ -43,7 +43,7 @@ def mix_candidates_asset(recipe: Recipe):
         return inputs.but(fingerprints=draws, extra={"draw": draw, "draws": draws})
 
     def build(inputs: Inputs, out_dir: Path) -> dict:
-        from trainer.data.mixing import candidate_mixtures, mixture_name
+        from trainer.data.mixture_search import candidate_mixtures, mixture_name
         draws, candidates = {}, {}
         for draw in inputs.extra["draws"]:
             mixtures = {mixture_name(m): m for m in candidate_mixtures(cfg, tick=tick_seed(draw))}

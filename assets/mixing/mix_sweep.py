@@ -19,6 +19,7 @@ from assets.mixing.section import (
     proxy_settings,
     read_result,
     sweep_key,
+    target_loss,
     write_result,
 )
 from assets.plots import bar_chart
@@ -60,7 +61,7 @@ def mix_sweep_spec(recipe: Recipe) -> OutputSpec:
         if set(val) != set(sources):
             inputs.log.warning(f"no held-out documents for {sorted(set(sources) - set(val))}: the average "
                                f"is over {sorted(val)}")
-        target = sum(val.values()) / len(val) if target_name == "average" else val[target_name]
+        target = target_loss(val, target_name)
         precision = result.events("precision")
         write_result(out_dir, {"mixture": name, "weights": weights, "val_loss": val, "target_loss": target,
                                "target": target_name, "tokens": result.summary.get("tokens"),

@@ -5,7 +5,10 @@ runs have finished; a training stage reads the chosen weights, with their data v
 A candidate whose run has not finished (or failed) is left out and named ("pending"), as is one whose latest
 result came from another proxy (a changed `mixing.proxy` until the sweep reruns): runs of different proxies
 are not comparable. With fewer runs than the quadratic model's features the fit falls back to the linear
-model (trainer/data/mixing.py choose_model): a warning in the log and `fit_warning` in the metadata say so.
+model (trainer/data/mixture_search.py choose_model): a warning in the log and `fit_warning` in the metadata say so. How
+well the fit predicts is measured on runs it did not see: each run left out in turn (`fit_loo_rmse`, beside
+`fit_loo_baseline_rmse` for predicting the mean of the others, and `fit_loo_rank_correlation`, Spearman's, over
+the runs).
 
 The data budget: the search discards every mixture that would read a source more than mixing.max_epochs times
 in training.main's tokens, by the packed token counts main reads (assets/mixing/budget.py); the metadata gives
@@ -70,7 +73,7 @@ def mixture_weights_asset(recipe: Recipe):
                                  "available": available})
 
     def build(inputs: Inputs, out_dir: Path) -> dict:
-        from trainer.data.mixing import best_mixture, fit_mixture_regression
+        from trainer.data.mixture_search import best_mixture, fit_mixture_regression
         results = inputs.extra["results"]
         model = fit_mixture_regression([r["weights"] for r in results], [r["target_loss"] for r in results],
                                        ridge=cfg.ridge)
@@ -88,8 +91,23 @@ def mixture_weights_asset(recipe: Recipe):
                             f"more than {max_epochs:g} times in main's {main_tokens:,} tokens; discarded")
         best, predicted = choice
         fitted = {r["mixture"] for r in results}
+        loo = {r["mixture"]: {"target_loss": r["target_loss"], "predicted_without_it": p}
+               for r, p in zip(results, model.loo_predictions)}
+        loo_warning = None
+        if model.loo_rmse >= model.loo_baseline_rmse:
+            loo_warning = (f"the fit predicts a run it did not see no better than the mean of the others (leave-one-out "
+                           f"error {model.loo_rmse:.4f}, the mean's {model.loo_baseline_rmse:.4f}): the chosen mixture "
+                           "is a guess; more candidates or ticks give the fit evidence")
+            inputs.log.warning(f"mixture fit: {loo_warning}")
+        else:
+            inputs.log.info(f"mixture fit ({model.model}, {len(results)} runs): leave-one-out error "
+                            f"{model.loo_rmse:.4f} against {model.loo_baseline_rmse:.4f} for the mean of the other runs, "
+                            f"rank correlation {model.loo_rank_correlation}")
         write_result(out_dir, {"weights": best, "predicted_target_loss": predicted, "r2": model.r2,
-                               "loo_rmse": model.loo_rmse, "target": recipe.mixing.target,
+                               "loo_rmse": model.loo_rmse, "loo_baseline_rmse": model.loo_baseline_rmse,
+                               "loo_rank_correlation": model.loo_rank_correlation, "loo": loo,
+                               "loo_warning": loo_warning,
+                               "target": recipe.mixing.target,
                                "model": model.model, "features": model.features, "fit_warning": model.warning,
                                "candidates": {r["mixture"]: r["target_loss"] for r in results},
                                "runs_per_draw": {d: len(fitted & set(names))
@@ -107,7 +125,13 @@ def mixture_weights_asset(recipe: Recipe):
             "weights_plot": bar_chart(payload["weights"], title="chosen mixture", ylabel="weight"),
             "predicted_target_loss": payload["predicted_target_loss"],
             "best_swept_loss": min(payload["candidates"].values()),
-            "fit_r2": payload["r2"], "fit_loo_rmse": payload["loo_rmse"],
+            "fit_r2": payload["r2"],
+            # Held out: each run's loss predicted by the fit over the other runs. The baseline predicts the mean
+            # of the others; a fit that does not beat it, or ranks the runs wrongly, is no guide to the choice.
+            "fit_loo_rmse": payload["loo_rmse"], "fit_loo_baseline_rmse": payload["loo_baseline_rmse"],
+            "fit_loo_rank_correlation": payload["loo_rank_correlation"],
+            "fit_loo": MetadataValue.json(payload["loo"]),
+            "fit_loo_warning": payload["loo_warning"] or "none: the fit beats the mean of the other runs",
             "fit_model": payload["model"], "fit_features": payload["features"],
             "fit_runs": len(payload["candidates"]),
             "fit_warning": payload["fit_warning"] or "none: at least as many runs as the model's features",

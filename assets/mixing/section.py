@@ -82,3 +82,36 @@ def write_result(out_dir, payload: dict) -> None:
 
 def read_result(store: ObjectStore, prefix: str) -> dict:
     return json.loads(store.get_bytes(f"{prefix}/{RESULT_FILE}"))
+
+
+def target_loss(val_loss: dict[str, float], target: str) -> float | None:
+    """The loss the mixture search minimizes (`mixing.target`): the mean of the per-source validation losses
+    ("average"), or one source's; None when the run has none of it."""
+    if target == "average":
+        return sum(val_loss.values()) / len(val_loss) if val_loss else None
+    return val_loss.get(target)
+
+
+def mixture_prediction(payload: dict, prefix: str, recipe: Recipe) -> dict | None:
+    """What mixing/mixture_weights predicted for the mixture a training stage trains on: the fit's target loss,
+    and the run it is a prediction for (the proxy's tokens); None for weights that carry no prediction."""
+    if "predicted_target_loss" not in payload:
+        return None
+    proxy = proxy_settings(recipe)
+    return {"predicted_target_loss": payload["predicted_target_loss"], "target": payload["target"], "fit": prefix,
+            "loo_rmse": payload.get("loo_rmse"), "proxy_tokens": proxy["train_tokens"]}
+
+
+def mixture_prediction_metadata(prediction: dict | None, val_loss: dict[str, float], train_tokens: int) -> dict:
+    """A training stage's metadata: the target loss it achieved beside the one the mixture fit predicted. The fit
+    predicts the proxy's loss at this mixture (fewer tokens, often a smaller model), so a stage that trains more
+    lands below it; the gap says how far main's scale is from the proxy's, the fit's own error is fit_loo_rmse."""
+    if not prediction:
+        return {}
+    achieved = target_loss(val_loss, prediction["target"])
+    below = None if achieved is None else prediction["predicted_target_loss"] - achieved
+    held_out = "not measured" if prediction["loo_rmse"] is None else f"{prediction['loo_rmse']:.4f}"
+    return {"target_loss": achieved, "mixture_predicted_target_loss": prediction["predicted_target_loss"],
+            "mixture_prediction_for": f"the proxy: {prediction['proxy_tokens']:,} tokens (this stage: "
+                                      f"{train_tokens:,}); the fit's held-out error {held_out}",
+            "mixture_fit": prediction["fit"], "target_loss_below_prediction": below}

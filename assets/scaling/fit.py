@@ -1,7 +1,10 @@
 """`scaling/fit`: L(N, D) = E + A/N^alpha + B/D^beta fitted to every rung of the ladder (Chinchilla's approach 3,
-trainer/planner/scaling_law.py) but the largest, which the fit predicts instead: its error says how far the law
-can be trusted one step beyond its points. Commits fit.json (ScalingFit.to_json(), what `pretrain plan --budget`
-reads) and result.json (the rungs, the held-out check, training.main's prediction and compute-optimal N and D).
+trainer/planner/scaling_law.py), and two held-out checks that say how far the law can be trusted beyond its points:
+the law fitted again without every rung of the largest size predicts that size (small models predicting a larger
+one, what a ladder is for), and fitted without each size's largest budget predicts those (a longer run than any
+fitted). Their errors are measured on losses those fits never saw. Commits fit.json (ScalingFit.to_json() of the
+fit on every rung: what `pretrain plan --budget` and the training stages' predictions read) and result.json (the
+rungs, the held-out checks, training.main's prediction and compute-optimal N and D).
 
 Every rung of the current recipe must have a run of the current ladder (the same proxy and mixture): runs of
 different proxies are not comparable. The training stages read the latest fit for their predicted loss without
@@ -24,9 +27,10 @@ from assets.scaling.section import (
     compute,
     fit_key,
     ladder_key,
-    largest,
-    non_embedding_params,
+    largest_budget,
+    largest_size,
     rungs,
+    scaling_params,
     smallest,
     write_result,
 )
@@ -41,7 +45,7 @@ def fit_asset(recipe: Recipe):
     ladder_version = ladder_spec(recipe).code_version  # the current proxy's runs only
     section = recipe.scaling
     main = dict(recipe.training.main)
-    main_n, main_d = non_embedding_params(main), int(main["train_tokens"])
+    main_n, main_d = scaling_params(main), int(main["train_tokens"])
 
     def prepare(inputs: Inputs) -> Inputs:
         results, versions, missing, other = [], {}, [], []
@@ -66,30 +70,34 @@ def fit_asset(recipe: Recipe):
         return inputs.but(key_upstream=versions, manifest={"rungs": versions}, extra={"results": results})
 
     def build(inputs: Inputs, out_dir: Path) -> dict:
-        from trainer.planner.scaling_law import fit_scaling_law
+        from trainer.planner.scaling_law import fit_scaling_law, held_out
         results = {r["rung"]: r for r in inputs.extra["results"]}
         ladder = rungs(recipe)
-        top, bottom = largest(ladder), smallest(ladder)
-        fitted = [r for r in ladder if not (section.held_out and r.name == top.name)]
-        points = [(results[r.name]["n_params"], results[r.name]["tokens"], results[r.name]["loss"]) for r in fitted]
+        points = [(results[r.name]["n_params"], results[r.name]["tokens"], results[r.name]["loss"]) for r in ladder]
         fit = fit_scaling_law(points, bootstrap=section.bootstrap, seed=section.seed)
         (out_dir / FIT_FILE).write_text(json.dumps(fit.to_json(), indent=1, sort_keys=True))
-        held = results[top.name]
-        predicted = fit.predict(held["n_params"], held["tokens"])
-        spread = results[bottom.name]["loss"] - held["loss"]
+        spread = results[smallest(ladder).name]["loss"] - min(r["loss"] for r in results.values())
+        checks = {}
+        if section.held_out:
+            for name, left_out in (("size", largest_size(ladder)), ("budget", largest_budget(ladder))):
+                names = {r.name for r in left_out}
+                _, errors = held_out(points, [r.name in names for r in ladder])
+                worst = max(e["error_pct"] for e in errors)
+                checks[name] = {
+                    "left_out": left_out[0].size.name if name == "size" else sorted({r.tokens for r in left_out}),
+                    "rungs": [{"rung": r.name, "achieved": e["loss"], "predicted": e["predicted"], "error": e["error"],
+                               "error_pct": e["error_pct"]} for r, e in zip(left_out, errors)],
+                    "max_error_pct": worst,
+                    "max_error_of_spread": max(abs(e["error"]) for e in errors) / spread if spread > 0 else None}
         main_c = compute(main_n, main_d)
         n_opt, d_opt = fit.optimal(main_c)
         write_result(out_dir, {
-            "rungs": list(results.values()), "fitted": [r.name for r in fitted],
-            "held_out": {"rung": top.name, "in_fit": not section.held_out, "achieved": held["loss"],
-                         "predicted": predicted, "error": predicted - held["loss"],
-                         "error_pct": 100 * abs(predicted - held["loss"]) / held["loss"],
-                         "spread": spread, "smallest_rung": bottom.name,
-                         "error_of_spread": abs(predicted - held["loss"]) / spread if spread > 0 else None},
+            "rungs": list(results.values()), "fitted": [r.name for r in ladder], "held_out": checks,
+            "spread": spread, "smallest_rung": smallest(ladder).name,
             "main": {"n_params": main_n, "tokens": main_d, "flops": main_c,
                      "predicted_loss": fit.predict(main_n, main_d), "optimal_n_params": n_opt,
                      "optimal_tokens": d_opt, "optimal_predicted_loss": fit.predict(n_opt, d_opt)},
-            "weights": held["weights"], "seq_len": held.get("seq_len"),
+            "weights": results[ladder[0].name]["weights"], "seq_len": results[ladder[0].name].get("seq_len"),
         })
         return {}
 
@@ -97,18 +105,23 @@ def fit_asset(recipe: Recipe):
         from trainer.planner.scaling_law import ScalingFit
         payload = json.loads(inputs.store.get_bytes(f"{output.prefix}/{RESULT_FILE}"))
         fit = ScalingFit.from_json(json.loads(inputs.store.get_bytes(f"{output.prefix}/{FIT_FILE}")))
-        held, main_run = payload["held_out"], payload["main"]
+        main_run = payload["main"]
         a, b = fit.exponents()
+        held = {}
+        for name, check in payload["held_out"].items():  # held out: each error on losses its fit never saw
+            held.update({
+                f"held_out_{name}": MetadataValue.json(check["left_out"]),
+                f"held_out_{name}_max_error_pct": check["max_error_pct"],
+                f"held_out_{name}_max_error_of_spread": (check["max_error_of_spread"]
+                                                         if check["max_error_of_spread"] is not None else float("nan")),
+                f"held_out_{name}_rungs": MetadataValue.json({r["rung"]: {k: r[k] for k in ("achieved", "predicted",
+                                                                                           "error_pct")}
+                                                              for r in check["rungs"]})})
         return {
             "E": fit.E, "A": fit.A, "B": fit.B, "alpha": fit.alpha, "beta": fit.beta,
             "intervals": MetadataValue.json({k: list(v) for k, v in fit.intervals.items()}),
             "exponents": MetadataValue.json({"a (N_opt ∝ C^a)": a, "b (D_opt ∝ C^b)": b, "chinchilla": 0.5}),
-            "fit_rule": fit.rule, "fit_points": fit.points,
-            "held_out_rung": held["rung"], "held_out_in_fit": held["in_fit"],
-            "held_out_achieved_loss": held["achieved"], "held_out_predicted_loss": held["predicted"],
-            "held_out_error_pct": held["error_pct"],
-            "held_out_error_of_spread": held["error_of_spread"] if held["error_of_spread"] is not None else float("nan"),
-            "rung_loss_spread": held["spread"],
+            "fit_rule": fit.rule, "fit_points": fit.points, **held, "rung_loss_spread": payload["spread"],
             "main_n_params": main_run["n_params"], "main_tokens": main_run["tokens"], "main_flops": main_run["flops"],
             "main_predicted_loss": main_run["predicted_loss"],
             "optimal_n_params": main_run["optimal_n_params"], "optimal_tokens": main_run["optimal_tokens"],
@@ -123,23 +136,25 @@ def fit_asset(recipe: Recipe):
         section={"fit": {k: v for k, v in section.model_dump(mode="json").items() if k != "proxy"},
                  "main": {"n_params": main_n, "tokens": main_d}},
         description=("L(N, D) = E + A/N^α + B/D^β fitted to the ladder's rungs by Chinchilla's approach 3 (Huber "
-                     "on log-loss, L-BFGS from a grid), bootstrap intervals; the largest rung held out and "
-                     "predicted; training.main's predicted loss and the compute-optimal N and D for its FLOPs "
-                     "(6·N·D). Driven by the recipe's `scaling` section."),
+                     "on log-loss, L-BFGS from a grid), bootstrap intervals; held out: the largest size predicted "
+                     "by a fit without it, each size's largest budget by a fit without those; training.main's "
+                     "predicted loss and the compute-optimal N and D for its FLOPs (6·N·D). Driven by the "
+                     "recipe's `scaling` section."),
         deps=[ladder_key()], prepare=prepare, build=build, metadata=metadata,
     ))
 
 
 def _plot(fit: "ScalingFit", payload: dict) -> MetadataValue:
-    """Loss against C = 6·N·D: each size's rungs, the held-out rung's prediction, the law's compute frontier."""
+    """Loss against C = 6·N·D: each size's rungs, the held-out checks' predictions, the law's compute frontier."""
     series: dict[str, list] = {}
     for r in sorted(payload["rungs"], key=lambda r: (r["n_params"], r["tokens"])):
         series.setdefault(f"N={r['n_params']:,}", []).append((r["flops"], r["loss"]))
-    held = payload["held_out"]
-    top = next(r for r in payload["rungs"] if r["rung"] == held["rung"])
-    series[f"held out, predicted ({held['error_pct']:.1f}% off)"] = [(top["flops"], held["predicted"])]
-    flops = [r["flops"] for r in payload["rungs"]] + [payload["main"]["flops"]]
-    lo, hi = min(flops) / 2, max(flops) * 2
+    flops = {r["rung"]: r["flops"] for r in payload["rungs"]}
+    for name, check in payload["held_out"].items():
+        series[f"largest {name} held out, predicted (≤{check['max_error_pct']:.1f}% off)"] = [
+            (flops[r["rung"]], r["predicted"]) for r in check["rungs"]]
+    every = list(flops.values()) + [payload["main"]["flops"]]
+    lo, hi = min(every) / 2, max(every) * 2
     grid = [lo * (hi / lo) ** (i / (FRONTIER_POINTS - 1)) for i in range(FRONTIER_POINTS)]
     frontier = [(c, fit.predict(*fit.optimal(c))) for c in grid]
     main_point = (payload["main"]["flops"], payload["main"]["predicted_loss"])

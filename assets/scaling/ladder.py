@@ -105,7 +105,7 @@ def ladder_spec(recipe: Recipe) -> OutputSpec:
         description=(f"The scaling ladder: one proxy run per rung ({len(recipe.scaling.sizes)} sizes × "
                      f"{len(by_name) // len(recipe.scaling.sizes)} token budgets, a partition each), training.main "
                      f"with scaling.proxy over it at the rung's size and budget, on {mixture}; records N "
-                     "(non-embedding parameters), D, C = 6·N·D and the mixture-weighted validation loss. Driven "
+                     "(every parameter), D, C = 6·N·D and the mixture-weighted validation loss. Driven "
                      "by the recipe's `scaling` and `training` sections."),
         deps=[*packed_keys(sources), *([weights_key()] if uses_mixture else [])],
         prepare=prepare, build=build, metadata=metadata, resources=frozenset({"launcher"}), out_name="result",

@@ -4,7 +4,7 @@ The fit is read from the Dagster instance and the store (the latest scaling/fit 
 as a dependency: the prediction is metadata, never part of the stage's version, so a refit does not make a
 trained stage stale. The fit covers a stage that trains what the ladder trained, the one law of one schedule:
 
-- training/main, on the ladder's mixture and sequence length: N its non-embedding parameters, D its tokens;
+- training/main, on the ladder's mixture and sequence length: N its parameters, D its tokens;
 - a later stage that continues (continue_from) a covered stage with nothing changed but its tokens: the same run
   going on, D the tokens of the whole chain.
 
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from dagster import AssetObservation
 
 from assets.core.upstream import OutputNotFound, latest_output
-from assets.scaling.section import FIT_FILE, RESULT_FILE, fit_key, non_embedding_params, weighted_loss
+from assets.scaling.section import FIT_FILE, RESULT_FILE, fit_key, scaling_params, weighted_loss
 
 if TYPE_CHECKING:
     from assets.core.factory import Inputs
@@ -88,4 +88,4 @@ def _coverage(recipe: Recipe, stage: str, weights: dict[str, float], ladder: dic
             return f"it changes {', '.join(changed)} over {parent}: not the run the ladder's law describes"
         tokens += int(settings[parent]["train_tokens"])
         chain = parent
-    return non_embedding_params(run), tokens
+    return scaling_params(run), tokens

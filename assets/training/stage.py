@@ -27,7 +27,7 @@ from assets.core.factory import Inputs, OutputSpec, output_asset
 from assets.core.lineage import record_of
 from assets.core.upstream import Output
 from assets.mixing.budget import max_epochs_of, stage_budget
-from assets.mixing.section import RESULT_FILE, weights_key
+from assets.mixing.section import RESULT_FILE, mixture_prediction, mixture_prediction_metadata, weights_key
 from assets.plots import line_chart
 from assets.recipe import Recipe
 from assets.scaling.predict import predicted, prediction_metadata
@@ -93,10 +93,11 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, start_from: tuple[st
             context.log.info(f"launchpad overrides for this run: {overrides}")
         found = training_inputs(context, store, inputs.resources.scratch, sources, recipe)
         upstream, lineage = dict(found.upstream), list(found.lineage)
-        weights = fixed
+        weights, mixture = fixed, None
         if uses_mixture:
             chosen = inputs.read(weights_key())
-            weights = json.loads(store.get_bytes(f"{chosen.prefix}/{RESULT_FILE}"))["weights"]
+            fit = json.loads(store.get_bytes(f"{chosen.prefix}/{RESULT_FILE}"))
+            weights, mixture = fit["weights"], mixture_prediction(fit, chosen.prefix, recipe)
             upstream[weights_key().to_user_string()] = chosen.data_version
             lineage.insert(0, record_of(chosen))
         begin = {"init_from": None}  # the run config's init_from / continue_from: the previous stage's final step
@@ -110,7 +111,8 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, start_from: tuple[st
                           manifest={"lineage": lineage, "weights": weights},
                           extra={"settings": run_settings, "found": found, "begin": begin,
                                  # the latest scaling fit's loss for this stage: metadata, not part of its version
-                                 "prediction": predicted(inputs, recipe, name, weights)})
+                                 "prediction": predicted(inputs, recipe, name, weights),
+                                 "mixture_prediction": mixture})
 
     def build(inputs: Inputs, out: Path) -> dict:
         context, work, vkey, found = inputs.context, inputs.work, inputs.version_key, inputs.extra["found"]
@@ -189,6 +191,8 @@ def _stage_asset(recipe: Recipe, name: str, settings: dict, start_from: tuple[st
                                              for r in records if r.get("event") == "rollback"]),
             "weights": MetadataValue.json(manifest["weights"]),
             **prediction_metadata(inputs.extra.get("prediction"), summary.get("val_loss") or {}, manifest["weights"]),
+            **mixture_prediction_metadata(inputs.extra.get("mixture_prediction"), summary.get("val_loss") or {},
+                                          summary["tokens"]),
             "epochs": MetadataValue.json(manifest.get("epochs") or {}),  # this stage's draws ÷ each source's tokens
             "loss_curve": _curve([(r["step"], r["loss"]) for r in train], "training loss", "loss"),
             "lr_curve": _curve([(r["step"], r["lr"]) for r in train], "learning rate", "lr"),

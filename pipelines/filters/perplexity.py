@@ -16,9 +16,13 @@ trained after curation). Its folder holds what `export` below writes:
 
 A document's perplexity is exp(mean negative log-likelihood per token) of its first `max_tokens` tokens, the first
 predicted from EOS (the trainer puts EOS between documents), cut into windows of the model's seq_len that are
-scored without context from the window before (the trainer's own evaluation does the same). Scores are rounded
-to 2 places: on 192 of the demo's pages they came out the same scored alone, 7 at a time or all together, on 1 and
-2 threads (measured), so which documents a task batches together, and so the task count, changes no output byte.
+scored without context from the window before (the trainer's own evaluation does the same). A document's score
+depends on its own text alone, not on the documents batched beside it: every window is padded to the full seq_len
+(the model is causal, so the padding after a window's tokens changes none of their logits), so the matrices of
+a forward pass differ only in their row count; the score is rounded to 2 places, and the keep/drop decision is
+taken on that recorded value. Measured on 192 of the demo's pages: the same unrounded scores alone, 7 or 64 at a
+time or all together, on 1 and 2 threads, natively and under AVX2 emulation; so which documents a task batches
+together, and so the task count, changes no output byte (tests/pipelines/filters/test_perplexity.py).
 Windows of many documents are scored together, under torch.inference_mode, on CUDA when there is one, else the
 CPU; the model is loaded once per process, on the first batch, and never pickled across to the executor's tasks.
 
@@ -100,12 +104,11 @@ class ReferenceModel:
 
         T = self.seq_len
         windows = [(d, doc[s:s + T + 1]) for d, doc in enumerate(docs) for s in range(0, max(len(doc) - 1, 0), T)]
-        windows.sort(key=lambda w: -len(w[1]))  # similar lengths together: less padding
         nll, count = [0.0] * len(docs), [0] * len(docs)
+        width = T  # every window padded to the full width: no shape depends on which windows share a pass
         with torch.inference_mode():
             for start in range(0, len(windows), _BATCH_WINDOWS):
                 chunk = windows[start:start + _BATCH_WINDOWS]
-                width = len(chunk[0][1]) - 1
                 tokens = torch.zeros(len(chunk), width, dtype=torch.long)
                 targets = torch.full((len(chunk), width), -100, dtype=torch.long)
                 for row, (_, w) in enumerate(chunk):
@@ -170,7 +173,7 @@ class PerplexityFilter(BaseFilter):
             if score is None:
                 verdicts.append(True)
                 continue
-            doc.metadata["perplexity"] = round(score, 2)
+            score = doc.metadata["perplexity"] = round(score, 2)  # decided on what is recorded
             verdicts.append((False, "perplexity_above") if score > high
                             else (False, "perplexity_below") if score < low else True)
         return verdicts

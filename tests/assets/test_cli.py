@@ -141,7 +141,8 @@ def test_a_source_past_its_bad_fraction_fails_and_commits_nothing(tmp_path, monk
 def test_materialize_starts_the_local_helpers_before_dagster_loads(monkeypatch, env, jobs, started):
     """`pretrain materialize` starts the local executor's helpers first thing: a helper needs ~0.7 s to import
     datatrove, which then overlaps loading the code location rather than a short stage's first tasks."""
-    from assets.cli import _parser, _start_local_helpers
+    from assets.cli.command import build_parser
+    from assets.cli.materialize import start_local_helpers
     from pipelines.runner import WorkerPool
 
     WorkerPool.close_all()
@@ -151,7 +152,7 @@ def test_materialize_starts_the_local_helpers_before_dagster_loads(monkeypatch, 
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("PRETRAIN_JOBS", jobs)
     try:
-        _start_local_helpers(_parser().parse_args(["materialize", "--select", "curation/web/raw_crawl"]))
+        start_local_helpers(build_parser().parse_args(["materialize", "--select", "curation/web/raw_crawl"]))
         pool = WorkerPool._pools.get(1)
         assert (pool is not None) == started
         if started:

@@ -218,7 +218,7 @@ def test_a_filter_change_on_the_crawl_makes_its_partitions_stale_and_nothing_els
 def test_the_dump_sensor_adds_a_new_s3_dump_folder_on_its_next_tick(tmp_path, s3, monkeypatch):
     """The crawl is on the moto S3 server: a new dump folder under its prefix is a new partition on the next tick;
     a tick with nothing new adds nothing."""
-    from assets.cli import open_instance
+    from assets.cli.factory import open_instance
     from assets.dumps import dump_sensors, dumps_partitions
     from assets.recipe import load_recipe
 

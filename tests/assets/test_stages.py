@@ -186,7 +186,7 @@ def test_a_stages_launch_settings_reach_its_trainer_command_and_leave_its_versio
 
 
 def test_a_stage_can_run_on_slurm_with_its_own_partition(tmp_path):
-    """The README's example: launch: {launcher: slurm, nnodes: 4, slurm: {...}} validates and makes the batch job."""
+    """docs/deployment.md's example: launch: {launcher: slurm, nnodes: 4, slurm: {...}} validates and makes the batch job."""
     from assets.definitions import build_defs
     from resources.launcher import LauncherResource
     from resources.slurm import sbatch_options

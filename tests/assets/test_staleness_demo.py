@@ -118,6 +118,16 @@ def test_the_demo_reruns_exactly_what_a_change_touches_and_keeps_the_tokenizer(t
         meta = {k: v.value for k, v in event.asset_materialization.metadata.items()}
         assert meta["tensorboard_command"] == f"tensorboard --logdir {meta['tensorboard_logdir']}"
         assert list(Path(meta["tensorboard_logdir"]).glob("events.out.tfevents.*")), meta["tensorboard_logdir"]
+    # Main records the target loss the mixture fit predicted beside the one it reached (the demo's target: the
+    # mean of its validation losses), the proxy's scale named, as the ladder's prediction is recorded.
+    event = DagsterInstance.get().get_latest_materialization_event(AssetKey(["training", "main"]))
+    meta = {k: v.value for k, v in event.asset_materialization.metadata.items()}
+    weights_event = DagsterInstance.get().get_latest_materialization_event(AssetKey(["mixing", "mixture_weights"]))
+    fit = {k: v.value for k, v in weights_event.asset_materialization.metadata.items()}
+    assert meta["mixture_predicted_target_loss"] == fit["predicted_target_loss"]
+    assert meta["target_loss"] == sum(meta["val_loss"].values()) / len(meta["val_loss"])
+    assert meta["target_loss_below_prediction"] == meta["mixture_predicted_target_loss"] - meta["target_loss"]
+    assert meta["mixture_prediction_for"].startswith("the proxy: ") and meta["mixture_fit"] == fit["prefix"]
 
     # A reader setting of one source changes: that source's raw asset alone turns stale and reruns. Every GSM8K
     # problem is longer than 20 characters, so its documents, and so its data version, stay as they were.

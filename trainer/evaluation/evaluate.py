@@ -20,6 +20,11 @@ What is lm-eval's here:
   exported model's tokenizer adds none, so lm-eval adds none); long inputs keep their last `max_len` + 1 tokens
   (a continuation longer than `max_len` lm-eval refuses; here its last `max_len` tokens are scored).
 Ties go to the first choice, as numpy's argmax.
+
+Beside lm-eval's figures each task reports `bpb`: the bits per byte of the correct answer, -log2 P(gold
+continuation | its context) over the continuation's UTF-8 bytes, averaged over items (OLMES' and DataDecide's
+continuous metric: at small scale it ranks data as larger runs' accuracy does more often than accuracy itself,
+which sits near chance there). Lower is better.
 """
 
 from __future__ import annotations
@@ -102,13 +107,21 @@ def task_result(name: str, items: list[Item], grouped: list[list[tuple[float, bo
         return {"n": 0, "metric": metrics[0], **{m: math.nan for m in metrics}}
     if "perplexity" in metrics:  # LAMBADA: the target word must come out greedily
         return {"n": n, "metric": metrics[0], "acc": sum(s[0][1] for s in grouped) / n,
-                "perplexity": math.exp(-sum(s[0][0] for s in grouped) / n)}
+                "perplexity": math.exp(-sum(s[0][0] for s in grouped) / n), "bpb": answer_bpb(items, grouped)}
     chosen = [picks(item, scores) for item, scores in zip(items, grouped)]
     result = {"n": n, "metric": metrics[0], "acc": sum(p == it.gold for (p, _), it in zip(chosen, items)) / n,
-              "chance": sum(1 / len(it.requests) for it in items) / n}
+              "chance": sum(1 / len(it.requests) for it in items) / n, "bpb": answer_bpb(items, grouped)}
     if "acc_norm" in metrics:
         result["acc_norm"] = sum(p == it.gold for (_, p), it in zip(chosen, items)) / n
     return result
+
+
+def answer_bpb(items: list[Item], grouped: list[list[tuple[float, bool]]]) -> float:
+    """Mean over items of the gold request's bits per byte: -log-likelihood / ln 2 / UTF-8 bytes of its
+    continuation (with lm-eval's leading space: the text the model was asked to produce)."""
+    per_item = [-scores[item.gold][0] / math.log(2) / max(1, len(item.requests[item.gold][1].encode()))
+                for item, scores in zip(items, grouped)]
+    return sum(per_item) / len(per_item)
 
 
 def score_items(model, tokenizer, items: list[Item], *, max_len: int, batch_size: int = 16,

@@ -149,7 +149,7 @@ def run_lm_eval(model_dir: str | Path, tasks: list[str], *, benchmarks: str | Pa
 
 @contextlib.contextmanager
 def one_process():
-    """lm-eval runs as one process, whatever this process's environment says; the rank variables are back after.
+    """lm-eval runs as one process, without a pool of its own, whatever this process's environment says; the rank variables are back after.
     A one-rank trainer run in this process leaves LOCAL_RANK set (DeepSpeed asserts it; trainer.parallel.engine), and
     a launcher's variables may be inherited: with them lm-eval's Accelerate took `pretrain eval` for one of several
     CPU ranks and failed at its env:// rendezvous ("environment variable RANK expected")."""
@@ -158,6 +158,10 @@ def one_process():
     with mock.patch.dict(os.environ):  # the whole environment is put back after
         for name in RANK_VARIABLES:
             os.environ.pop(name, None)
+        # lm-eval's bootstrap of a stderr forks a multiprocessing pool from this process, which has threads running
+        # (torch's, the trainer's watchdog): a child forked while another thread held a lock hung the suite for 15
+        # minutes in "bootstrapping for stddev: perplexity". Its serial path takes a second on our item counts.
+        os.environ["DISABLE_MULTIPROC"] = "1"
         yield
 
 

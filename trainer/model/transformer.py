@@ -285,10 +285,6 @@ class Transformer(nn.Module):
             return "block" if layer % self.cfg.checkpoint_every == 0 else "none"
         return "attention" if mode == "selective" else "none"
 
-    def num_params(self, *, exclude_embedding: bool = False) -> int:
-        n = sum(p.numel() for p in self.parameters())
-        return n - self.tok_emb.weight.numel() if exclude_embedding else n
-
 
 def lm_loss(logits, targets, z_loss: float = 0.0):
     """Mean next-token cross-entropy in fp32, plus z_loss · mean(log²Z). Returns (loss, ce)."""

@@ -3,8 +3,8 @@
     from trainer.planner.plan import ModelShape, Layout, plan
     p = plan(ModelShape.from_dict({...}), tokens=2e12, layout=Layout(dp=64, zero=3), device="h100", mfu=0.4)
 
-Pure arithmetic (no torch): parameter count of the Llama layout, training FLOPs with the attention
-term, GPU-hours at a given MFU, model-state memory per GPU for a (tp, pp, dp, ZeRO) layout, the
+Pure arithmetic (no torch): parameter count of the Llama layout (the trainer's, trainer.config.count_parameters),
+training FLOPs with the attention term, GPU-hours at a given MFU, model-state memory per GPU for a (tp, pp, dp, ZeRO) layout, the
 pipeline bubble and Young's checkpoint interval. `pretrain plan` prints these for each training stage,
 and for a FLOP budget the compute-optimal N and D (by a scaling fit, scaling_law.py, or Chinchilla's rule).
 Memory is decimal (1 GB = 1e9 bytes), as the device datasheets state it.
@@ -18,6 +18,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from trainer.config import ParameterCount, count_parameters
+from trainer.config import flops_per_token as _flops_per_token
 
 if TYPE_CHECKING:  # the fit is read by the caller: plan's arithmetic loads no scipy
     from trainer.planner.scaling_law import ScalingFit
@@ -117,29 +120,23 @@ class ModelShape:
             raise ValueError(f"model.{missing[0]}: missing (needed fields: {', '.join(missing)})")
         return cls(**values)
 
-
-def parameter_count(shape: ModelShape) -> int:
-    """Every weight of the Llama layout: no biases, RMSNorm has one gain vector."""
-    d = shape.d_model
-    kv_dim = shape.n_kv_heads * (d // shape.heads)
-    attention = d * d + 2 * d * kv_dim + d * d  # q, k, v, o
-    mlp = 3 * d * shape.d_ff  # gate, up, down
-    norms = 2 * d + (2 * (d // shape.heads) if shape.qk_norm else 0)  # pre-attention, pre-MLP, q and k
-    embedding = shape.vocab * d
-    head = 0 if shape.tied_embeddings else shape.vocab * d
-    return embedding + shape.layers * (attention + mlp + norms) + d + head  # + d: final norm
+    def parameter_count(self) -> ParameterCount:
+        """The weights by use (trainer.config.ParameterCount: total, non_embedding, matmul), the trainer's count."""
+        return count_parameters(vocab=self.vocab, d_model=self.d_model, layers=self.layers, heads=self.heads,
+                                kv_heads=self.n_kv_heads, d_ff=self.d_ff, qk_norm=self.qk_norm,
+                                tied=self.tied_embeddings)
 
 
-def flops_per_token(shape: ModelShape, params: int | None = None, *, attention: bool = True) -> float:
-    """Training FLOPs per token, forward + backward: 6N for the matmuls with the weights plus
-    12·L·T·d for the attention scores and their weighted sum (PaLM appendix B; not halved for causality).
+def flops_per_token(shape: ModelShape, *, attention: bool = True) -> float:
+    """Training FLOPs per token, forward + backward: 6 per weight a token is multiplied through (not the input
+    embedding, a lookup) plus 12·L·T·d for attention (trainer.config.flops_per_token, MFU's count too).
     attention=False leaves that term out: the 6·N·D of the scaling-law papers and cost tables."""
-    n = parameter_count(shape) if params is None else params
-    return 6 * n + (attention_flops_per_token(shape) if attention else 0)
+    return _flops_per_token(shape.parameter_count(), layers=shape.layers, d_model=shape.d_model,
+                            seq_len=shape.seq_len, attention=attention)
 
 
 def attention_flops_per_token(shape: ModelShape) -> float:
-    return 12 * shape.layers * shape.seq_len * shape.d_model
+    return flops_per_token(shape) - flops_per_token(shape, attention=False)
 
 
 TOKENS_PER_PARAMETER = 20  # compute-optimal (Chinchilla: Hoffmann et al. 2022)
@@ -190,7 +187,7 @@ def budget_report(flops: float, fit: ScalingFit | None = None, *, fit_source: st
           f"({TOKENS_PER_PARAMETER} tokens per parameter), predicted loss {fit.predict(*chinchilla):.4f}", file=out)
     print(f"rule applied          {rule}: L = {fit.E:.4g} + {fit.A:.4g}/N^{fit.alpha:.4f} + {fit.B:.4g}/D^{fit.beta:.4f}"
           f" over {fit.points} points, from {fit_source}" + (f" ({fit.rule})" if fit.rule else ""), file=out)
-    print("                      N counts parameters as the fit's points do (scaling/fit: non-embedding ones)", file=out)
+    print("                      N counts parameters as the fit's points do (scaling/fit: every parameter)", file=out)
     return {"rule": "fit", "params": params, "tokens": tokens, "exponents": (a, b), "loss": loss}
 
 
@@ -292,8 +289,9 @@ class Plan:
         lines = [
             f"parameters          {self.params:,} ({self.params / 1e9:.2f} B)",
             f"FLOPs/token         {self.flops_per_token:.3e} "
-            + (f"(6N + 12·L·T·d, T = {self.shape.seq_len})" if self.flops_per_token > 6 * self.params else
-               "(6N: the attention term left out)"),
+            + (f"(6N + 12·L·T·d, T = {self.shape.seq_len}; N the weights but the input embedding)"
+               if self.flops_per_token > 6 * self.shape.parameter_count().matmul else
+               "(6N, N the weights but the input embedding: the attention term left out)"),
             f"tokens              {self.tokens:.3e}",
             f"total FLOPs         {self.total_flops:.3e}",
             f"GPU-hours           {self.gpu_hours:,.0f} {self.device.name} at {self.mfu:.0%} MFU"
@@ -336,8 +334,9 @@ def plan(
     if tokens <= 0:
         raise ValueError(f"tokens: must be > 0, got {tokens!r}")
     dev = get_device(device)
-    params = parameter_count(shape)
-    per_token = flops_per_token(shape, params, attention=attention)
+    counts = shape.parameter_count()
+    params = counts.total  # memory: every weight
+    per_token = flops_per_token(shape, attention=attention)
     hours = gpu_hours(per_token * tokens, device=dev, mfu=mfu)
     state = model_state_bytes_per_gpu(params, layout)
     sizing = {"micro_batch": micro_batch, "layout": layout, "sequence_parallel": sequence_parallel}
@@ -360,7 +359,7 @@ def plan(
         total_flops=per_token * tokens, gpu_hours=hours, wall_hours=hours / layout.gpus, state_bytes_per_gpu=state,
         activation_bytes_per_gpu=activations, activation_bytes_no_recompute=without, recompute=recompute,
         micro_batch=micro_batch, sequence_parallel=sequence_parallel,
-        attention_share=attention_flops_per_token(shape) / (6 * params),
+        attention_share=attention_flops_per_token(shape) / (6 * counts.matmul),
         usd=None if price_per_gpu_hour is None else hours * price_per_gpu_hour, bubble=pipeline_bubble(layout.pp, layout.micro_batches), checkpoint_interval_s=interval, fits=fits, warning=warning,
     )
 

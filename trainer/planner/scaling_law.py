@@ -4,6 +4,7 @@
     fit.predict(1e9, 2e10)            # the loss the law gives a model of N parameters trained on D tokens
     fit.optimal(1.2e20)               # (N_opt, D_opt) for a compute budget C ≈ 6·N·D
     fit.exponents()                   # (a, b): N_opt ∝ C^a, D_opt ∝ C^b (Chinchilla's fit: about 0.5 each)
+    held_out(points, [n == max_n for n, _, _ in points])   # the law without those points, its error on each
 
 The objective is Hoffmann et al. 2022, appendix D.2: with a = log A, b = log B, e = log E,
 
@@ -270,3 +271,23 @@ def _fit(array: np.ndarray, *, bootstrap: int, seed: int, huber_delta: float) ->
     rule = (f"Chinchilla approach 3: Huber (delta={huber_delta:g}) on log-loss, L-BFGS from the best {STARTS} of a "
             f"{len(grid)}-point grid; {bootstrap} bootstrap resamples, {lo:g}-{hi:g}% intervals")
     return ScalingFit(**values, intervals=intervals, points=len(array), rule=rule)
+
+
+def held_out(points: Sequence[tuple[float, float, float]], held: Sequence[bool], *,
+             huber_delta: float = 1e-3) -> tuple[ScalingFit, list[dict]]:
+    """The law fitted without the held points (no bootstrap), and its prediction of each of them: an error measured
+    on losses the fit never saw, e.g. a whole model size beyond the fitted ones (what a ladder is for: small models
+    predicting a larger one) or a token budget beyond the fitted ones. Returns (the fit, [{"n_params", "tokens",
+    "loss", "predicted", "error", "error_pct"}] in the held points' order)."""
+    if len(held) != len(points):
+        raise ValueError(f"held out: {len(held)} flags for {len(points)} points")
+    if not any(held):
+        raise ValueError("held out: no point is held out")
+    fit = fit_scaling_law([p for p, h in zip(points, held) if not h], bootstrap=0, huber_delta=huber_delta)
+    errors = []
+    for (n, d, loss), h in zip(points, held):
+        if h:
+            predicted = fit.predict(n, d)
+            errors.append({"n_params": n, "tokens": d, "loss": loss, "predicted": predicted,
+                           "error": predicted - loss, "error_pct": 100 * abs(predicted - loss) / loss})
+    return fit, errors

@@ -1,7 +1,8 @@
 """Training metrics: a progress line with ETA on stdout, a JSONL file and TensorBoard event files.
 
 MFU = (6N + 12·L·T·d) · tokens/s ÷ (peak FLOP/s per device × devices), with N the parameters outside the
-input embedding (a lookup, not a matmul) and 12·L·T·d the attention scores and values (PaLM appendix B).
+input embedding (a lookup, not a matmul: ParameterCount.matmul, the head included) and 12·L·T·d the attention
+scores and values (PaLM appendix B): trainer.config.flops_per_token, the planner's count too.
 The peak is that of the dtype the run computes in: from a device table on known GPUs; on a CPU the best
 matmul rate measured once per machine, dtype and thread count and cached under PRETRAIN_HOME
 (trainer.reporting.peak), labelled as measured.
@@ -15,12 +16,14 @@ import time
 from pathlib import Path
 
 from trainer.config import MetricsConfig, ModelConfig
+from trainer.config import flops_per_token as _flops_per_token
 from trainer.reporting.peak import Peak
 from trainer.reporting.pipes import PipesReporter
 
 
-def flops_per_token(n_params_no_embedding: int, cfg: ModelConfig, seq_len: int) -> float:
-    return 6 * n_params_no_embedding + 12 * cfg.n_layers * seq_len * cfg.d_model
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """The model's training FLOPs per token, from its config (the same under ZeRO-3, TP or PP as on one device)."""
+    return _flops_per_token(cfg.parameter_count(), layers=cfg.n_layers, d_model=cfg.d_model, seq_len=seq_len)
 
 
 def _eta(seconds: float) -> str:

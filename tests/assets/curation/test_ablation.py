@@ -156,6 +156,16 @@ def test_junk_half_curated_arm_is_better_beyond_the_spread_of_3_seeds(junk_home)
     assert curated["verdict"] == "better" and curated["difference"] < 0
     # Each run was scored on the reference text and the zero-shot task.
     assert set(curated["val_loss"]) == {"reference_inaugural"} and set(curated["zero_shot"]) == {"arc_easy"}
+    # ... and by the bits per byte of the task's correct answers, with a verdict of its own that names its metric.
+    for arm in (raw, curated):
+        assert set(arm["answer_bpb_per_task"]) == {"arc_easy"} and 0 < arm["answer_bpb_per_task"]["arc_easy"] < 20
+        assert len(arm["metrics"]["answer_bpb"]["values"]) == 3
+    bpb = curated["by"]["answer_bpb"]
+    assert bpb["metric"] == "answer bits per byte" and bpb["verdict"] in ("better", "worse", "within noise")
+    assert bpb["difference"] == pytest.approx(curated["metrics"]["answer_bpb"]["mean"]
+                                              - raw["metrics"]["answer_bpb"]["mean"], abs=1e-4)
+    verdict = ablation_metadata(junk_home, "junky")["verdict_text"].splitlines()[0]
+    assert verdict.startswith("curated: better by reference loss (") and f"{bpb['verdict']} by answer bits per byte (" in verdict
     assert curated["data"]["curation/junky/filtered"] and raw["data"]["curation/junky/raw_crawl"]
     # The plot the UI shows: a PNG that decodes, of the configured size.
     plot = decoded(MarkdownMetadataValue(ablation_metadata(junk_home, "junky")["loss_plot"]))
@@ -209,5 +219,32 @@ def test_changed_threshold_makes_only_its_sources_ablation_stale_and_reuses_the_
     assert main(["status"]) == 0
     verdicts = [line.split(None, 2) for line in capsys.readouterr().out.splitlines() if "  verdict  " in line]
     assert [(key, text.split(" (")[0]) for key, _, text in verdicts] == [
-        ("curation/junky/ablation", "curated: spread not measured"),
-        ("curation/math/ablation", "curated: spread not measured")]
+        ("curation/junky/ablation", "curated: spread not measured by reference loss"),
+        ("curation/math/ablation", "curated: spread not measured by reference loss")]
+
+
+@pytest.mark.parametrize("module, before, after", [
+    # how a reference text is cut into paragraphs, and read
+    ("pipelines/filters/perplexity.py", "min_words: int = 4", "min_words: int = 5"),
+    ("pipelines/filters/perplexity.py", 'if not n.endswith("/")', 'if not n.endswith(("/", "\\\\"))'),
+    # how it is packed
+    ("assets/curation/ablation.py", "PackingConfig(val_fraction=0.0)", "PackingConfig(val_fraction=0.0, seed=1)"),
+    ("pipelines/tokenization/tokenizer.py", "def pack_documents(", "def pack_documents(  "),
+])
+def test_a_packed_reference_texts_key_covers_the_code_that_makes_it(tmp_path, module, before, after):
+    """The ablation reuses a reference text packed by an earlier build when its key matches: a change of any code
+    that makes it must change the key (REFERENCE_CODE), or a stale pack is reused."""
+    from assets.core.source_hash import code_digest
+    from assets.curation.ablation import REFERENCE_CODE
+    from tests.conftest import REPO
+
+    same, edited = tmp_path / "same", tmp_path / "edited"  # two roots: digests are cached per root
+    for root in (same, edited):
+        for package in ("assets", "pipelines"):
+            shutil.copytree(REPO / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
+    path = edited / module
+    text = path.read_text()
+    assert text.count(before) == 1, before
+    path.write_text(text.replace(before, after))
+    assert code_digest(REFERENCE_CODE, same) == code_digest(REFERENCE_CODE, REPO)
+    assert code_digest(REFERENCE_CODE, edited) != code_digest(REFERENCE_CODE, REPO)

@@ -130,3 +130,24 @@ def test_prepare_keys_on_its_own_slice_and_build_drops_the_contaminated_document
     assert metadata["report_hits"] == 1 and metadata["report_hits_per_benchmark"].data == {"bench": 1}
     assert "| bench | line=1 | web-1 | dropped | the quick brown fox" in metadata["report_first_hits"].md_str
     assert store.exists("curation/web/decontaminated/v/decontamination_report.jsonl")
+
+
+@pytest.mark.parametrize("module, before, after", [
+    ("pipelines/decontam/index.py", "SHARD_COMPRESSLEVEL = 1", "SHARD_COMPRESSLEVEL = 2"),
+    ("pipelines/decontam/items.py", "def benchmark_items(", "def benchmark_items(  "),
+    ("pipelines/dedup/minhash.py", "def normalized_words(", "def normalized_words(  "),
+])
+def test_the_benchmark_index_cache_key_covers_the_code_that_builds_it(tmp_path, module, before, after):
+    """The built index is kept in the scratch folder and reused by key: the key changes with the code of the index,
+    the benchmark items it reads and the word normalization it hashes, not only with the hand-bumped INDEX_FORMAT."""
+    import shutil
+
+    from assets.core.source_hash import code_digest
+    from tests.conftest import REPO
+
+    edited = tmp_path / "edited"
+    shutil.copytree(REPO / "pipelines", edited / "pipelines", ignore=shutil.ignore_patterns("__pycache__"))
+    path = edited / module
+    assert path.read_text().count(before) == 1, before
+    path.write_text(path.read_text().replace(before, after))
+    assert code_digest(decontaminated.INDEX_CODE, edited) != code_digest(decontaminated.INDEX_CODE, REPO)

@@ -25,7 +25,7 @@ from storage.manifest import commit_folder
 from tests.assets.curated import two_small_sources
 from tests.assets.training.real_packed import real_packed
 from trainer.data.config import MixingConfig
-from trainer.data.mixing import best_mixture, candidate_mixtures, fit_mixture_regression
+from trainer.data.mixture_search import best_mixture, candidate_mixtures, fit_mixture_regression
 from trainer.data.mixture import PackedSource
 
 PRIOR = {"books": 0.2, "code": 0.3, "math": 0.5}

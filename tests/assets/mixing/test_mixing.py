@@ -63,6 +63,16 @@ def test_the_sweep_trains_one_proxy_per_candidate_and_fits_the_weights(tmp_path,
     assert set(chosen["weights"]) == {"c4", "math"} and sum(chosen["weights"].values()) == pytest.approx(1.0)
     assert set(chosen["swept"]) == set(partitions)
     assert "data:image/png;base64," in chosen["weights_plot"]
+    # Its error on runs it did not see: each run's loss beside the fit over the others' prediction of it.
+    swept = {name: metadata(instance, AssetKey(["mixing", "mix_sweep"]), name)["target_loss"] for name in partitions}
+    assert {name: f["target_loss"] for name, f in chosen["fit_loo"].items()} == swept
+    errors = [f["target_loss"] - f["predicted_without_it"] for f in chosen["fit_loo"].values()]
+    assert chosen["fit_loo_rmse"] == pytest.approx((sum(e * e for e in errors) / len(errors)) ** 0.5)
+    mean_errors = [v - (sum(swept.values()) - v) / (len(swept) - 1) for v in swept.values()]
+    assert chosen["fit_loo_baseline_rmse"] == pytest.approx((sum(e * e for e in mean_errors) / 3) ** 0.5)
+    assert chosen["fit_loo_rank_correlation"] is None or -1 <= chosen["fit_loo_rank_correlation"] <= 1
+    beats_the_mean = chosen["fit_loo_rmse"] < chosen["fit_loo_baseline_rmse"]
+    assert chosen["fit_loo_warning"].startswith("none") == beats_the_mean, chosen["fit_loo_warning"]
     assert set(status(capsys).values()) == {"fresh"}
     before = {name: metadata(instance, AssetKey(["mixing", "mix_sweep"]), name)["target_loss"] for name in partitions}
 

@@ -98,15 +98,22 @@ def test_a_small_ladder_fits_and_predicts_main(tmp_path, monkeypatch, curated_ho
     assert launches(instance, runs) == 15  # each rung a trainer launched by the launcher resource
 
     fit, _ = metadata(instance, FIT)
-    assert fit["fit_points"] == 14 and fit["held_out_rung"] == ladder[-1].name and not fit["held_out_in_fit"]
+    assert fit["fit_points"] == 15
     assert all(fit["intervals"][name][0] <= fit["intervals"][name][1] for name in ("E", "A", "B", "alpha", "beta"))
     assert "data:image/png;base64," in fit["loss_vs_compute"]
     assert fit["main_flops"] == 6 * fit["main_n_params"] * 12288 and fit["optimal_n_params"] > 0
-    held = fit["held_out_achieved_loss"]
-    assert fit["held_out_error_pct"] == pytest.approx(100 * abs(fit["held_out_predicted_loss"] - held) / held)
-    # The check, on this small ladder: the largest rung predicted within 3%, and within a third of the
-    # spread between the smallest and the largest rung's loss.
-    assert fit["held_out_error_pct"] < 3 and fit["held_out_error_of_spread"] < 1 / 3, fit
+    # Held out: the largest size's three rungs predicted by a fit of the other four sizes, and each size's largest
+    # budget by a fit of its shorter runs.
+    assert fit["held_out_size"] == ladder[-1].size.name and fit["held_out_budget"] == [BUDGETS[-1]]
+    assert sorted(fit["held_out_size_rungs"]) == sorted(r.name for r in ladder[-3:])
+    assert sorted(fit["held_out_budget_rungs"]) == sorted(r.name for r in ladder if r.tokens == BUDGETS[-1])
+    for name in ("size", "budget"):
+        errors = fit[f"held_out_{name}_rungs"]
+        for rung, e in errors.items():
+            assert e["error_pct"] == pytest.approx(100 * abs(e["predicted"] - e["achieved"]) / e["achieved"])
+        assert fit[f"held_out_{name}_max_error_pct"] == max(e["error_pct"] for e in errors.values())
+    # The check, on this small ladder: the held-out size predicted within 3%.
+    assert fit["held_out_size_max_error_pct"] < 3, fit
 
     trained, _ = metadata(instance, MAIN)
     assert trained["predicted_val_loss"] == pytest.approx(fit["main_predicted_loss"])

@@ -6,7 +6,7 @@ import yaml
 
 from assets.recipe import DEMO_RECIPE, load_recipe
 from assets.scaling.predict import _coverage, prediction_metadata
-from assets.scaling.section import non_embedding_params
+from assets.scaling.section import scaling_params
 
 MIXTURE = {"web": 0.4, "c4": 0.2, "books": 0.1, "code": 0.1, "math": 0.2}
 LADDER = {"weights": MIXTURE, "seq_len": 128}
@@ -23,7 +23,7 @@ def demo_with(tmp_path, stages):
 
 def test_main_on_the_ladders_mixture_and_sequence_length_is_covered():
     recipe = load_recipe(DEMO_RECIPE)
-    n = non_embedding_params(recipe.training.main)
+    n = scaling_params(recipe.training.main)
     assert _coverage(recipe, "main", MIXTURE, LADDER) == (n, 262144)
     assert "not on the ladder's mixture" in _coverage(recipe, "main", {"web": 1.0}, LADDER)
     assert "sequence length 128, the ladder's is 64" in _coverage(recipe, "main", MIXTURE, {**LADDER, "seq_len": 64})
@@ -40,7 +40,7 @@ def test_a_stage_that_only_continues_main_is_the_same_run_going_on(tmp_path):
                                   {"name": "fresh", "init_from": "more", "train_tokens": 65536},
                                   {"name": "hotter", "continue_from": "more", "train_tokens": 65536,
                                    "optim": {"lr": 1.0e-3}}])
-    n = non_embedding_params(recipe.training.main)
+    n = scaling_params(recipe.training.main)
     assert _coverage(recipe, "more", MIXTURE, LADDER) == (n, 262144 + 65536)
     assert "weights of more with a fresh optimizer" in _coverage(recipe, "fresh", MIXTURE, LADDER)
     assert "it changes optim over more" in _coverage(recipe, "hotter", MIXTURE, LADDER)

@@ -8,7 +8,15 @@ import yaml
 
 from assets.cli import main
 from assets.recipe import REPO_ROOT, RecipeError, load_recipe
-from assets.scaling.section import compute, largest, non_embedding_params, rungs, smallest, weighted_loss
+from assets.scaling.section import (
+    compute,
+    largest_budget,
+    largest_size,
+    rungs,
+    scaling_params,
+    smallest,
+    weighted_loss,
+)
 
 LADDER = REPO_ROOT / "recipes" / "ladder.yaml"
 
@@ -39,8 +47,8 @@ SIZES = [{"d_model": 32, "n_layers": 1, "n_heads": 2}, {"d_model": 48, "n_layers
      r"scaling\.sizes\[4\]: Value error, n_heads 4 is not divisible by n_kv_heads 3"),
     ({"sizes": [*SIZES[:4], {"width": 96, "n_layers": 2, "n_heads": 4}]}, r"scaling\.sizes\[4\]\.width: Extra inputs"),
     ({"sizes": [*SIZES[:4], SIZES[0]]}, r"scaling\.sizes\[4\]: d32-l1-h2 is given twice"),
-    ({"sizes": [*SIZES[:4], {"d_model": 96, "n_layers": 2, "n_heads": 2}]},
-     r"scaling\.sizes\[4\] \(d96-l2-h2\): 221,664 non-embedding parameters, as many as scaling\.sizes\[3\]"),
+    ({"sizes": [*SIZES[:4], {"d_model": 96, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4}]},
+     r"scaling\.sizes\[4\] \(d96-l2-h4-kv4\): 1,794,624 parameters, as many as scaling\.sizes\[3\]"),
     ({"tokens_per_param": [1, 2, 4]}, r"scaling: give the token budgets as `tokens` or as `tokens_per_param`"),
     ({"tokens": [65536, 65536, 131072]}, r"scaling\.tokens: a budget is given twice"),
     ({"tokens": [65536, 0, 131072]}, r"scaling\.tokens\[1\]: a budget must be > 0"),
@@ -69,17 +77,23 @@ def test_a_ladder_needs_a_training_section(tmp_path):
         load_recipe(write(tmp_path, raw))
 
 
-def test_the_ladder_recipe_has_five_sizes_at_three_budgets_and_counts_n_without_embeddings():
+def test_the_ladder_recipe_has_five_sizes_below_main_at_budgets_up_to_mains_and_counts_every_parameter():
     recipe = load_recipe(LADDER)
     ladder = rungs(recipe)
     sizes, budgets = recipe.scaling.sizes, recipe.scaling.tokens
     assert len(sizes) >= 5 and len(budgets) >= 3 and len(ladder) == len(sizes) * len(budgets)
     assert [r.name for r in ladder[:2]] == [f"{sizes[0].name}-t{budgets[0]}", f"{sizes[0].name}-t{budgets[1]}"]
-    # d=32, 1 layer, 2 heads (MHA), d_ff 128: q,k,v,o 4·32² + SwiGLU 3·32·128 + two norms 2·32, + the final norm 32.
-    assert ladder[0].n_params == 4 * 32 * 32 + 3 * 32 * 128 + 2 * 32 + 32
-    assert non_embedding_params({"model": {"vocab_size": 8192, "d_model": 32, "n_layers": 1, "n_heads": 2}}) == \
-        non_embedding_params({"model": {"vocab_size": 50000, "d_model": 32, "n_layers": 1, "n_heads": 2}})
-    assert largest(ladder).name == ladder[-1].name and smallest(ladder).name == ladder[0].name
+    # d=32, 1 layer, 2 heads sharing 1 kv head, d_ff 128: q and o 2·32², k and v 2·32·16, SwiGLU 3·32·128, two
+    # norms 2·32 and QK-norm's 2·16, the final norm 32, and the embedding and head 2·8192·32 (every parameter).
+    assert ladder[0].n_params == 2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 128 + 2 * 32 + 2 * 16 + 32 + 2 * 8192 * 32
+    # Main is a size beyond every rung, at the ladder's largest budget: the fit predicts it as its held-out size check
+    # predicts the largest size.
+    assert max(r.n_params for r in ladder) < scaling_params(recipe.training.main)
+    assert max(budgets) == recipe.training.main["train_tokens"]
+    assert smallest(ladder).name == ladder[0].name
+    # The held-out checks: every rung of the largest size; each size's rung of the largest budget.
+    assert [r.name for r in largest_size(ladder)] == [r.name for r in ladder[-len(budgets):]]
+    assert [r.name for r in largest_budget(ladder)] == [r.name for r in ladder[len(budgets) - 1::len(budgets)]]
     assert compute(ladder[0].n_params, budgets[0]) == 6 * ladder[0].n_params * budgets[0]
 
 

@@ -49,7 +49,7 @@ def demo_sources(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
 @pytest.mark.slow  # ~3 min: the demo's five sources curated, then five 56-step runs of the demo's main model
 def test_the_demos_main_trains_on_every_candidate_mixture_with_the_guard_on(tmp_path, demo_sources):
     from trainer.config import RunConfig, from_dict
-    from trainer.data.mixing import candidate_mixtures
+    from trainer.data.mixture_search import candidate_mixtures
     from trainer.train import train
 
     recipe_path, folders = demo_sources

@@ -1,10 +1,12 @@
 """pipelines.filters.perplexity on real text: one reference model, trained once for the module by our trainer on US
 State of the Union addresses, scores wikitext paragraphs below the same paragraphs with their words shuffled and
 below the navigation and footer text of the crawl's English pages; the filter keeps and drops by threshold and by
-band, and passes other languages unscored."""
+band, and passes other languages unscored; a document's score and verdict are its own, whatever documents share its
+batch or task."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import random
@@ -17,7 +19,7 @@ import lxml.html
 import pytest
 from datatrove.data import Document
 
-from pipelines.filters.config import PerplexityConfig
+from pipelines.filters.config import FilterConfig, PerplexityConfig
 from pipelines.filters.perplexity import (
     REFERENCE_FILE,
     PerplexityFilter,
@@ -26,7 +28,10 @@ from pipelines.filters.perplexity import (
     read_reference_text,
     reference_paragraphs,
 )
+from pipelines.filters.steps import filter_pipeline
 from pipelines.ingest.warc import WarcEntry, read_warc
+from pipelines.runner import LocalRunner
+from pipelines.shards import iter_documents
 from pipelines.tokenization.config import TokenizerConfig
 from pipelines.tokenization.tokenizer import train_tokenizer
 from tests.conftest import REPO, SHARED_DATA
@@ -124,7 +129,7 @@ def test_wikitext_scores_below_its_shuffled_words_and_below_boilerplate(model):
 def test_the_filter_keeps_by_threshold_and_by_band_and_passes_other_languages(reference_dir, model):
     wiki = wikitext(16)
     texts = wiki + shuffled(wiki)
-    scores = model.perplexities(texts)
+    scores = [round(s, 2) for s in model.perplexities(texts)]  # the recorded values, which decide
     middle = statistics.median(scores)
 
     def run(config: PerplexityConfig, docs: list[Document]) -> list:
@@ -134,7 +139,7 @@ def test_the_filter_keeps_by_threshold_and_by_band_and_passes_other_languages(re
     verdicts = run(PerplexityConfig(max_perplexity=middle), docs)
     assert [v is True for v in verdicts] == [s <= middle for s in scores]
     assert {v[1] for v in verdicts if v is not True} == {"perplexity_above"}
-    assert [d.metadata["perplexity"] for d in docs] == [round(s, 2) for s in scores]
+    assert [d.metadata["perplexity"] for d in docs] == scores
     # The band is read off the validation paragraphs' percentiles, the one table the model carries.
     table = json.loads((reference_dir / REFERENCE_FILE).read_text())["val_percentiles"]
     band = run(PerplexityConfig(keep_percentiles=(10.0, 90.0)), docs)
@@ -146,6 +151,57 @@ def test_the_filter_keeps_by_threshold_and_by_band_and_passes_other_languages(re
     empty = Document(text="", id="e", metadata={"language": "en"})
     assert run(PerplexityConfig(max_perplexity=1.5), [german, empty]) == [True, True]
     assert "perplexity" not in german.metadata and "perplexity" not in empty.metadata
+
+
+def mixed_texts() -> list[str]:
+    """Documents of every length the filter meets: wikitext paragraphs (one or two windows), the same shuffled,
+    menus and footers (a few dozen tokens), and paragraphs joined past max_tokens (eight windows, cut)."""
+    wiki = wikitext(24)
+    return wiki + shuffled(wiki) + boilerplate(24) + [" ".join(wiki[i:i + 6]) for i in range(0, 24, 6)]
+
+
+@pytest.fixture(scope="module")
+def alone(model) -> tuple[list[str], list[float], float]:
+    """(texts, each text's perplexity scored by itself, a threshold that is one of the recorded scores): at that
+    threshold the decision on the recorded (rounded) value keeps its document, whatever digits were rounded off."""
+    texts = mixed_texts()
+    scores = [model.perplexities([text])[0] for text in texts]
+    return texts, scores, sorted(round(s, 2) for s in scores)[len(scores) // 2]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 7, 64])
+def test_a_documents_score_and_verdict_are_its_own_in_any_batch(reference_dir, alone, batch):
+    texts, scores, threshold = alone
+    docs = [Document(text=t, id=str(i), metadata={"language": "en"}) for i, t in enumerate(texts)]
+    step = PerplexityFilter(PerplexityConfig(max_perplexity=threshold), reference_dir)
+    verdicts = [v for i in range(0, len(docs), batch) for v in step.filter_batch(docs[i:i + batch])]
+    assert [d.metadata["perplexity"] for d in docs] == [round(s, 2) for s in scores]
+    assert [v is True for v in verdicts] == [round(s, 2) <= threshold for s in scores]
+    assert 0 < sum(v is True for v in verdicts) < len(docs)
+
+
+@pytest.mark.slow
+def test_one_task_or_three_keep_the_same_documents_with_the_same_scores(reference_dir, alone, tmp_path):
+    """The filter as a stage runs it (reader, step, writer; datatrove batches each task's stream 64 at a time), over
+    three input parts as one task and as three."""
+    texts, scores, threshold = alone
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for part in range(3):
+        with gzip.open(inputs / f"part-{part:05d}.jsonl.gz", "wt") as f:
+            f.writelines(json.dumps({"id": str(i), "text": texts[i], "metadata": {"language": "en"}}) + "\n"
+                         for i in range(part, len(texts), 3))
+    config = FilterConfig(perplexity=PerplexityConfig(max_perplexity=threshold), pii=None)
+    kept = {}
+    for tasks in (1, 3):
+        out = tmp_path / f"out-{tasks}"
+        steps = filter_pipeline(config, input_dir=inputs, output_dir=out, lists_root=REPO / "recipes",
+                                reference_dir=reference_dir)
+        LocalRunner().run(steps, logging_dir=tmp_path / f"logs-{tasks}", tasks=tasks)
+        kept[tasks] = {d["id"]: d["metadata"]["perplexity"] for p in sorted(out.glob("part-*.jsonl.gz"))
+                       for d in iter_documents(p)}
+    assert kept[1] == kept[3] == {str(i): round(s, 2) for i, s in enumerate(scores) if round(s, 2) <= threshold}
 
 
 @pytest.mark.parametrize("kw, message", [

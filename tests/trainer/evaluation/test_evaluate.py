@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -75,6 +77,15 @@ def test_accuracy_follows_the_model_preference_on_real_multiple_choice_items():
     assert good["acc"] >= 0.6 and good["acc_norm"] >= 0.55
     assert bad["acc"] <= 0.15 and bad["acc_norm"] <= 0.15
     assert 0.2 < good["chance"] < 0.35  # ARC has 3-5 choices
+    # Bits per byte of the gold answer: lower for the model that learned the gold answers; by hand, each gold
+    # request scored alone, -log2 P over the UTF-8 bytes of " " + the answer.
+    assert good["bpb"] < bad["bpb"]
+    by_hand = []
+    for item in items:
+        context, continuation = item.requests[item.gold]
+        [(ll, _)] = continuation_scores(knows, [encode_pair(TOK, context, continuation)], max_len=512)
+        by_hand.append(-ll / math.log(2) / len(continuation.encode()))
+    assert good["bpb"] == pytest.approx(sum(by_hand) / len(by_hand))
 
 
 @pytest.mark.slow  # a DeepSpeed engine or a trainer subprocess: seconds to minutes on 2 cores

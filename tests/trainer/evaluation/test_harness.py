@@ -151,3 +151,24 @@ def test_lm_eval_runs_as_one_process_whatever_rank_variables_this_process_holds(
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split("\n")[:2] == ["DistributedType.NO", "0 127.0.0.1 False"], done.stdout
+
+
+def test_lm_eval_bootstraps_its_stderrs_without_forking_a_pool(monkeypatch):
+    """A pool forked from a process with threads running (torch's, the trainer's watchdog) hung the suite in lm-eval's
+    "bootstrapping for stddev": inside one_process() the bootstrap runs serially, and the environment is back after."""
+    import multiprocessing
+
+    from lm_eval.api.metrics import bootstrap_stderr, perplexity
+
+    from trainer.evaluation.harness import one_process
+
+    def no_pool(*args, **kwargs):
+        raise AssertionError("lm-eval forked a multiprocessing pool")
+
+    monkeypatch.setattr(multiprocessing, "Pool", no_pool)
+    monkeypatch.delenv("DISABLE_MULTIPROC", raising=False)
+    losses = [-2.0, -3.5, -1.25, -4.0, -2.75, -3.0]
+    with one_process():
+        stderr = bootstrap_stderr(perplexity, losses, 2000)
+    assert 0 < stderr < perplexity(losses)  # a spread of the resampled perplexities, below the perplexity itself
+    assert "DISABLE_MULTIPROC" not in os.environ

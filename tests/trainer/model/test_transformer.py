@@ -77,7 +77,7 @@ def test_init_scales_output_projections_and_has_no_biases():
     # SwiGLU hidden size: 8/3·d rounded up to 64, and the parameter count that follows from the shape.
     assert cfg.ff_dim == 704
     per_layer = 4 * 256 * 256 + 3 * 256 * 704 + 2 * 256
-    assert model.num_params() == 2 * 4096 * 256 + 8 * per_layer + 256
+    assert sum(p.numel() for p in model.parameters()) == 2 * 4096 * 256 + 8 * per_layer + 256
 
 
 def test_z_loss_adds_coefficient_times_squared_log_normalizer():

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from trainer.planner.scaling_law import ScalingFit, fit_scaling_law
+from trainer.planner.scaling_law import ScalingFit, fit_scaling_law, held_out
 
 CHINCHILLA = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}  # Hoffmann et al. 2022, eq. 10
 EPOCH = {"E": 1.8172, "A": 482.01, "B": 2085.43, "alpha": 0.3478, "beta": 0.3658}  # Besiroglu et al. 2024's refit
@@ -100,3 +100,25 @@ def test_a_fit_file_without_a_parameter_is_refused_by_name():
     del data["beta"]
     with pytest.raises(ValueError, match="fit.json: beta: missing"):
         ScalingFit.from_json(data, source="fit.json")
+
+
+@pytest.mark.parametrize("truth", [CHINCHILLA, EPOCH], ids=["chinchilla", "epoch"])
+def test_a_held_out_size_is_predicted_by_the_smaller_ones(truth):
+    """scaling/fit's check: the law fitted without every point of the largest size (10× the next) predicts each of
+    them within 1% of the true law (0.4% seen); a fit without each size's largest budget (4× the next; a size with
+    one point loses it) predicts those within 1.5% (1.04% seen: their exponent rests on two budgets)."""
+    points = ladder(truth, seed=0)
+    top = max(n for n, _, _ in points)
+    fit, errors = held_out(points, [n == top for n, _, _ in points])
+    assert fit.points == len(points) - len(TOKENS_PER_PARAMETER) and not fit.intervals  # no bootstrap
+    assert [(e["n_params"], e["tokens"]) for e in errors] == [(n, d) for n, d, _ in points if n == top]
+    for e in errors:
+        assert e["predicted"] == pytest.approx(law(truth, e["n_params"], e["tokens"]), rel=0.01)
+        assert e["error_pct"] == pytest.approx(100 * abs(e["predicted"] - e["loss"]) / e["loss"])
+    most = {n: max(d for m, d, _ in points if m == n) for n, _, _ in points}
+    _, errors = held_out(points, [d == most[n] for n, d, _ in points])
+    assert len(errors) == len(SIZES) + len(EXTRA)
+    for e in errors:
+        assert e["predicted"] == pytest.approx(law(truth, e["n_params"], e["tokens"]), rel=0.015)
+    with pytest.raises(ValueError, match="no point is held out"):
+        held_out(points, [False] * len(points))

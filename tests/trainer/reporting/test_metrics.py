@@ -11,9 +11,14 @@ from trainer.reporting.peak import Peak
 from trainer.reporting.pipes import PIPES_ENV, PipesReporter, _plain
 
 
-def test_flops_per_token_is_6n_plus_attention():
+def test_flops_per_token_is_6n_plus_attention_with_n_every_weight_a_token_is_multiplied_through():
+    """MFU's N is every weight of the real model but the input embedding (a lookup): the head's matmul counts."""
+    from trainer.model.transformer import Transformer
+
     cfg = ModelConfig(vocab_size=10, d_model=8, n_layers=2, n_heads=2)
-    assert flops_per_token(100, cfg, seq_len=4) == 6 * 100 + 12 * 2 * 4 * 8
+    n = sum(p.numel() for name, p in Transformer(cfg).named_parameters() if not name.startswith("tok_emb."))
+    assert n == cfg.parameter_count().matmul
+    assert flops_per_token(cfg, seq_len=4) == 6 * n + 12 * 2 * 4 * 8
 
 
 def test_rank_0_writes_records_and_the_others_write_nothing(tmp_path, monkeypatch):

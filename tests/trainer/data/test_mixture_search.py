@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from trainer.data.config import MixingConfig
-from trainer.data.mixing import best_mixture, candidate_mixtures, fit_mixture_regression, mixture_name
+from trainer.data.mixture_search import best_mixture, candidate_mixtures, fit_mixture_regression, mixture_name, spearman
 
 PRIOR = {"web": 0.5, "code": 0.2, "books": 0.2, "math": 0.1}
 OPTIMUM = np.array([0.15, 0.25, 0.35, 0.25])  # books, code, math, web (sorted source order)
@@ -43,6 +43,36 @@ def test_the_fit_finds_a_known_optimum_from_noisy_proxy_losses():
     true_best = synthetic_loss(best, 0.0, rng)
     assert true_best < min(synthetic_loss(m, 0.0, rng) for m in mixtures)  # better than every proxy run
     assert predicted == pytest.approx(true_best, abs=0.05)
+
+
+def test_the_fit_states_its_error_on_runs_it_has_not_seen():
+    """Leave-one-out: each run predicted by a fit over the others, computed here by refitting without it. On a
+    smooth bowl the fit beats predicting the mean of the others and orders the runs rightly; on pure noise it
+    orders them no better than chance."""
+    rng = np.random.default_rng(1)
+    cfg = MixingConfig(prior=PRIOR, candidates=24, concentration=6.0, seed=0)
+    mixtures = candidate_mixtures(cfg)
+    losses = [synthetic_loss(m, 0.002, rng) for m in mixtures]
+    fit = fit_mixture_regression(mixtures, losses)
+    for i in (0, 7, 23):
+        without = fit_mixture_regression(mixtures[:i] + mixtures[i + 1:], losses[:i] + losses[i + 1:])
+        w = np.array([[mixtures[i][s] for s in fit.sources]])
+        assert fit.loo_predictions[i] == pytest.approx(without.predict(w)[0])
+    errors = np.array(losses) - np.array(fit.loo_predictions)
+    assert fit.loo_rmse == pytest.approx(float(np.sqrt(np.mean(errors ** 2))))
+    others = [(sum(losses) - v) / (len(losses) - 1) for v in losses]
+    assert fit.loo_baseline_rmse == pytest.approx(float(np.sqrt(np.mean((np.array(losses) - others) ** 2))))
+    assert fit.loo_rmse < 0.5 * fit.loo_baseline_rmse and fit.loo_rank_correlation > 0.8
+    noise = fit_mixture_regression(mixtures, list(rng.normal(3.0, 0.01, len(mixtures))))
+    assert noise.loo_rmse > noise.loo_baseline_rmse and abs(noise.loo_rank_correlation) < 0.5
+
+
+def test_spearman_is_the_correlation_of_ranks_ties_averaged():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 3], [1.0, 5.0, 2.0]) == pytest.approx(0.5)  # ranks 1 2 3 against 1 3 2
+    assert spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(np.sqrt(3) / 2)  # ranks 1.5 1.5 3
+    assert spearman([2, 2, 2], [1, 2, 3]) is None
 
 
 def test_bad_inputs_name_the_problem():

@@ -105,6 +105,12 @@ class MixtureFit:
     coef: np.ndarray
     r2: float  # on the training points
     loo_rmse: float  # leave-one-out error: how far to trust the fit
+    # Each run's loss as the fit over the other runs predicts it (the runs' order): what the fit says of a mixture
+    # it has not seen. Their rank correlation with the real losses says whether it orders mixtures rightly, which is
+    # what choosing one needs; the baseline is the same error for predicting the mean of the others (no fit at all).
+    loo_predictions: tuple[float, ...] = ()
+    loo_rank_correlation: float | None = None  # Spearman; None when the losses (or predictions) are all equal
+    loo_baseline_rmse: float | None = None
     observed: list[tuple[dict[str, float], float]] = field(default_factory=list)
     model: str = "quadratic"  # or "linear" (choose_model)
     warning: str | None = None  # why a simpler model than the quadratic one was fitted
@@ -143,9 +149,36 @@ def fit_mixture_regression(mixtures: list[dict[str, float]], losses: list[float]
     coef = _ridge(x, y, ridge)
     residual = y - x @ coef
     r2 = 1.0 - float(residual @ residual) / max(float(((y - y.mean()) ** 2).sum()), 1e-300)
-    loo = [y[i] - x[i] @ _ridge(np.delete(x, i, 0), np.delete(y, i), ridge) for i in range(len(y))]
-    return MixtureFit(sources=sources, coef=coef, r2=r2, loo_rmse=float(np.sqrt(np.mean(np.square(loo)))),
-                      observed=list(zip(mixtures, [float(v) for v in y])), model=model, warning=warning)
+    held_out = np.array([x[i] @ _ridge(np.delete(x, i, 0), np.delete(y, i), ridge) for i in range(len(y))])
+    mean_of_others = (y.sum() - y) / (len(y) - 1)
+    return MixtureFit(sources=sources, coef=coef, r2=r2, loo_rmse=_rmse(y - held_out),
+                      observed=list(zip(mixtures, [float(v) for v in y])), model=model, warning=warning,
+                      loo_predictions=tuple(float(v) for v in held_out),
+                      loo_rank_correlation=spearman(held_out, y), loo_baseline_rmse=_rmse(y - mean_of_others))
+
+
+def _rmse(errors: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(errors))))
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks, ties given their average rank."""
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values))
+    ranks[order] = np.arange(1, len(values) + 1)
+    for value in np.unique(values):
+        tied = values == value
+        ranks[tied] = ranks[tied].mean()
+    return ranks
+
+
+def spearman(a, b) -> float | None:
+    """Spearman's rank correlation (the Pearson correlation of the average ranks); None when either side is
+    constant."""
+    ra, rb = _ranks(np.asarray(a, dtype=np.float64)), _ranks(np.asarray(b, dtype=np.float64))
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    scale = float(np.sqrt((ra @ ra) * (rb @ rb)))
+    return float(ra @ rb) / scale if scale > 0 else None
 
 
 @dataclass(frozen=True)
