@@ -1,11 +1,12 @@
-"""Data stages at scale: documents/s with 1 and 2 workers and the peak RSS of the largest process, per stage, on
-a crawl of 1x and 4x the demo's web crawl, driven through the real assets (`pretrain materialize`).
+"""Data stages at scale: documents/s with 1 worker and with the executor's default on two cores (2 workers), and
+the peak RSS of the largest process, per stage, on a crawl of 1x and 4x the demo's web crawl, driven through the
+real assets (`pretrain materialize`).
 
-    .venv/bin/python bench/scale.py [--scales 1,4] [--tasks 4] [--quick | --smoke]
+    .venv/bin/python bench/scale.py [--scales 1,4] [--tasks 6] [--stages filter,...] [--quick | --smoke]
 
 The corpus: ../shared/data/crawl/web-pages.warc.gz (the demo's `web` source, 1,171 real HTML pages) copied N
-times into WARC files of a fixed size (FILES_PER_COPY files per copy, so 4x has 4x the files, not bigger ones: a
-task's memory should not grow with the corpus). Copy 0 is the crawl as it is; in copy k >= 1 every record is made
+times into WARC files of a fixed size (FILES_PER_COPY = 6 files per copy, so 1x is a source of six input files and
+4x has 4x the files, not bigger ones: a task's memory should not grow with the corpus). Copy 0 is the crawl as it is; in copy k >= 1 every record is made
 distinct: a new WARC-Record-ID, `?copy=k` on the target URI, and the page's text permuted in place: inside each
 HTML text node (never in tags, scripts, styles or comments), the words (all but the node's last) are reordered in
 blocks of three by a permutation of copy k's own (the bytes, the length and the markup stay, the digests are
@@ -15,8 +16,11 @@ much as the original does; and one permutation per copy, applied the same way to
 own near-duplicates near-duplicate within each copy. Boilerplate-only pages (text nodes of one or two words) stay
 the same in every copy: dedup removes those, as it would in a real crawl.
 
-Per configuration (scale x workers) a fresh PRETRAIN_HOME, the local executor with PRETRAIN_EXECUTOR_WORKERS = 1 or
-2 and PRETRAIN_EXECUTOR_TASKS = --tasks on both sides (the same tasks; only how many run at once differs), and a
+The bench and everything it starts run on two of the machine's CPUs (its affinity, set first thing: a machine with
+more keeps two; one with fewer is refused). Per configuration (scale x workers) a fresh PRETRAIN_HOME, the local
+executor with PRETRAIN_EXECUTOR_TASKS = --tasks on both sides (the same tasks; only how many run at once differs):
+the 1-worker side sets PRETRAIN_EXECUTOR_WORKERS=1, the 2-worker side sets no PRETRAIN_EXECUTOR_WORKERS (nor
+PRETRAIN_CPUS) at all, so it measures the default, which is as many workers as the run's CPUs: the two. And a
 recipe with the one `web` source (the demo's web filter without the quality model and the perplexity filter, which
 would train a classifier on other sources and a reference model first; bench/curation.py times both steps), the
 demo's dedup and decontamination, a trained tokenizer and packing. Each stage is its own `pretrain materialize
@@ -33,7 +37,8 @@ engine alone, timed in one process, did 0.49-0.52 s every time), so the default 
 timed apart and shown, not counted: it trains on a bounded sample, in one process, whatever the corpus or the
 workers. Threads are pinned to 1 per process (OMP, Rayon, tokenizers), so 1 worker means one core.
 
-Targets on 2 cores: 2 workers >= 1.7x 1 worker on every stage; peak RSS at 4x within 1.3x of 1x for every stage
+Targets on 2 cores: the default (2 workers) >= 1.8x 1 worker on every stage (issue 52: a stage over six or more
+input files uses both cores with no setting); peak RSS at 4x within 1.3x of 1x for every stage
 but the dedup cluster step, whose bytes per document are printed (the stage's own figure when its manifest has one,
 else the growth of dedup's peak RSS per added document). Last line `ratio: X.XX` = the smallest 2-worker
 speed-up of any stage at any scale; beside it, the machine's own 2-process speed-up on bare Python and on
@@ -41,7 +46,8 @@ memory-bound numpy work (on one 2-CPU VM: 1.94-2.12x and 1.36-1.54x), the ceilin
 arrays. `--quick` (alias `--smoke`, what tests/test_bench.py runs) does the same on
 QUICK_PAGES pages per copy with a small tokenizer and two benchmarks, each home's five stages in one `pretrain
 materialize` call (each stage's seconds from its manifest or run as above; the peak RSS is the call's): it checks
-that the bench works, its figures mean nothing. Twenty calls took ~4.7 minutes there, nearly all of it each call's
+that the bench works, its figures mean nothing. `--stages` measures only the named stages (comma-separated, e.g.
+`--stages filter`); the stages before them still run, once per home and untimed, to make their inputs. Twenty calls took ~4.7 minutes there, nearly all of it each call's
 start (the code location, great-expectations for the checks, the executor's helper) on a few dozen pages.
 
 Long because the corpus it builds (copies made distinct without changing what the filters see), the runs through the
@@ -70,7 +76,8 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 sys.path.insert(0, str(REPO))
 
 CRAWL = "crawl/web-pages.warc.gz"  # under the demo recipe's base_dir
-FILES_PER_COPY = 4
+FILES_PER_COPY = 6  # issue 52's check: a stage over a source of six or more input files
+CORES = 2  # the bench runs on this many of the machine's CPUs: the default side's executor takes them all
 QUICK_PAGES = 12
 POLL_S = 0.25  # psutil walks the process tree at each poll: at 0.05 s it took ~6% of a core from the workers
 REPEAT_BELOW_S = 20.0  # stages shorter than this (1 worker) are measured --repeats times each way
@@ -293,11 +300,11 @@ def run_stage(home: Path, env: dict, name: str, keys: list[str]) -> dict:
     return stage_result(home, name, keys, wall, rss, run_seconds(home))
 
 
-def run_stages_at_once(home: Path, env: dict) -> dict[str, dict]:
-    """--quick: every stage in one call; {stage name: its figures}, each with the call's wall time and peak RSS."""
-    wall, rss = materialize(home, env, [key for _, keys in STAGES for key in keys])
+def run_stages_at_once(home: Path, env: dict, stages: list) -> dict[str, dict]:
+    """--quick: the stages in one call; {stage name: its figures}, each with the call's wall time and peak RSS."""
+    wall, rss = materialize(home, env, [key for _, keys in stages for key in keys])
     runs = run_seconds(home)
-    return {name: stage_result(home, name, keys, wall, rss, runs) for name, keys in STAGES}
+    return {name: stage_result(home, name, keys, wall, rss, runs) for name, keys in stages}
 
 
 def stage_result(home: Path, name: str, keys: list[str], wall: float, rss: int, runs: dict[str, float]) -> dict:
@@ -313,20 +320,44 @@ def stage_result(home: Path, name: str, keys: list[str], wall: float, rss: int, 
 
 
 def environment(home: Path, recipe: Path, workers: int, tasks: int) -> dict:
+    """The runs' environment: no PRETRAIN_ or DAGSTER_ variable of ours but these. PRETRAIN_EXECUTOR_WORKERS only
+    for 1 worker: the 2-worker side is the executor's default on the bench's CORES CPUs (PRETRAIN_CPUS unset too)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PRETRAIN_", "DAGSTER_"))}
     env.update(
         PRETRAIN_HOME=str(home), DAGSTER_HOME=str(home / "dagster"), PRETRAIN_RECIPE=str(recipe),
-        PRETRAIN_EXECUTOR="local", PRETRAIN_EXECUTOR_WORKERS=str(workers), PRETRAIN_EXECUTOR_TASKS=str(tasks),
+        PRETRAIN_EXECUTOR="local", PRETRAIN_EXECUTOR_TASKS=str(tasks),
         HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", RAYON_NUM_THREADS="1",
         TOKENIZERS_PARALLELISM="false",
     )
+    if workers != CORES:
+        env["PRETRAIN_EXECUTOR_WORKERS"] = str(workers)
     return env
+
+
+def use_cores() -> None:
+    """Run this process, and so every run it starts, on CORES of the CPUs it may use: the executor's default is
+    as many workers as those (resources/executor_env.py's given_cpus), and the speed-up is measured on two."""
+    from resources.executor_env import available_cpus, given_cpus
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < CORES:
+        raise SystemExit(f"bench/scale.py: needs {CORES} CPUs, this process may use {len(cpus)}")
+    os.sched_setaffinity(0, cpus[:CORES])
+    default = given_cpus({})
+    if default != CORES:  # the 2-worker side would not be 2 workers
+        raise SystemExit(f"bench/scale.py: the executor's default here is {default} workers, not {CORES} "
+                         f"({available_cpus()} CPUs available)")
+    print(f"CPUs {cpus[:CORES]}: the executor's default (no PRETRAIN_EXECUTOR_WORKERS) is {default} workers",
+          flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scales", default="1,4", help="copies of the crawl to measure (default 1,4)")
-    parser.add_argument("--tasks", type=int, default=4, help="executor tasks per stage, on both sides (default 4)")
+    parser.add_argument("--tasks", type=int, default=FILES_PER_COPY,
+                        help=f"executor tasks per stage, on both sides (default {FILES_PER_COPY})")
+    parser.add_argument("--stages", default=",".join(name for name, _ in STAGES),
+                        help="the stages to measure, comma-separated (default all; those before them run untimed)")
     parser.add_argument("--quick", "--smoke", dest="quick", action="store_true",
                         help=f"{QUICK_PAGES} pages per copy: the bench runs, its figures mean nothing")
     parser.add_argument("--repeats", type=int, default=None,
@@ -335,6 +366,14 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the work folder (homes, corpora, logs)")
     args = parser.parse_args()
     scales = [int(s) for s in args.scales.split(",")]
+    names = [name for name, _ in STAGES]
+    wanted = [name.strip() for name in args.stages.split(",") if name.strip()]
+    if not wanted or set(wanted) - set(names):
+        parser.error(f"--stages {args.stages!r}: comma-separated among {', '.join(names)}")
+    last = max(names.index(name) for name in wanted)
+    measured = [(name, keys) for name, keys in STAGES[:last + 1] if name in wanted]
+    setup = [(name, keys) for name, keys in STAGES[:last + 1] if name not in wanted]
+    use_cores()
     if args.repeats is None:
         args.repeats = 1 if args.quick else 5
     if args.repeats < 1:
@@ -356,27 +395,33 @@ def main() -> None:
                   flush=True)
             recipe = work / f"recipe-{scale}x.yaml"
             write_recipe(recipe, corpus, args.quick)
-            for workers in (1, 2):
+            for workers in (1, CORES):
                 home = work / f"home-{scale}x-{workers}w"
                 home.mkdir()
                 homes[scale, workers] = (home, environment(home, recipe, workers, args.tasks))
         results: dict[tuple, dict] = {}
         for scale in scales:
             if args.quick:
-                for workers in (1, 2):
+                for workers in (1, CORES):
                     home, env = homes[scale, workers]
-                    for name, r in run_stages_at_once(home, env).items():
-                        results[scale, name, workers] = r
-                        show(scale, name, workers, r)
+                    for name, r in run_stages_at_once(home, env, STAGES[:last + 1]).items():
+                        if name in wanted:
+                            results[scale, name, workers] = r
+                            show(scale, name, workers, r)
                 continue
-            for name, keys in STAGES:
-                for workers in (1, 2):
+            for name, keys in setup:  # the inputs of the measured stages, made once per home, untimed
+                for workers in (1, CORES):
+                    home, env = homes[scale, workers]
+                    materialize(home, env, keys)
+                    print(f"  {scale}x {name:<16} {workers} worker(s): made (not measured)", flush=True)
+            for name, keys in measured:
+                for workers in (1, CORES):
                     home, env = homes[scale, workers]
                     results[scale, name, workers] = r = run_stage(home, env, name, keys)
                     show(scale, name, workers, r)
                 # A short stage again (its last key only: the tokenizer is not retrained), alternating the sides.
                 for _ in range(args.repeats - 1 if results[scale, name, 1]["seconds"] < REPEAT_BELOW_S else 0):
-                    for workers in (1, 2):
+                    for workers in (1, CORES):
                         home, env = homes[scale, workers]
                         shutil.rmtree(home / "store" / keys[-1])  # the committed output: else it is reused
                         again = run_stage(home, env, name, keys[-1:])
@@ -387,7 +432,7 @@ def main() -> None:
                             best, again = again, best
                         best["rss"] = max(best["rss"], again["rss"])
                         results[scale, name, workers] = best
-        report(results, scales, args.tasks, machine_repeats=1 if args.quick else 3)
+        report(results, scales, args.tasks, [name for name, _ in measured], machine_repeats=1 if args.quick else 3)
     finally:
         if args.keep:
             print(f"work folder kept: {work}", file=sys.stderr)
@@ -397,7 +442,8 @@ def main() -> None:
 
 def show(scale: int, name: str, workers: int, r: dict) -> None:
     extra = f" (tokenizer trained in {r['tokenizer_seconds']:.2f} s)" if r["tokenizer_seconds"] else ""
-    print(f"  {scale}x {name:<16} {workers} worker(s): {r['documents']:>6} docs in {r['seconds']:7.2f} s "
+    side = f"{workers} worker(s){' (default)' if workers == CORES else ''}"
+    print(f"  {scale}x {name:<16} {side}: {r['documents']:>6} docs in {r['seconds']:7.2f} s "
           f"({r['time_from']}) = {r['docs_per_s']:8.1f} docs/s, peak RSS {r['rss'] / 2**20:7.1f} MiB"
           f"{extra}, load {os.getloadavg()[0]:.1f}", flush=True)
 
@@ -443,16 +489,15 @@ def machine_speedups(repeats: int = 3) -> tuple[float, float]:
     return speedups[0], speedups[1]
 
 
-def report(results: dict, scales: list[int], tasks: int, machine_repeats: int = 3) -> None:
-    measured = [name for name, _ in STAGES]
-    print(f"\nper stage, {tasks} tasks on both sides: documents/s with 1 and 2 workers, "
-          "peak RSS of the largest process")
+def report(results: dict, scales: list[int], tasks: int, measured: list[str], machine_repeats: int = 3) -> None:
+    print(f"\nper stage, {tasks} tasks on both sides: documents/s with 1 worker and with the default (2 workers: "
+          f"no PRETRAIN_EXECUTOR_WORKERS, {CORES} CPUs), peak RSS of the largest process")
     print(f"{'stage':<16} {'scale':>5} {'docs':>7} {'1 worker':>10} {'2 workers':>10} {'speed-up':>9} "
           f"{'RSS 1w MiB':>11} {'RSS 2w MiB':>11}")
     speedups = []
-    for name, _ in STAGES:
+    for name in measured:
         for scale in scales:
-            one, two = results[scale, name, 1], results[scale, name, 2]
+            one, two = results[scale, name, 1], results[scale, name, CORES]
             speedup = two["docs_per_s"] / one["docs_per_s"] if one["docs_per_s"] else 0.0
             speedups.append(speedup)
             print(f"{name:<16} {scale:>4}x {one['documents']:>7} {one['docs_per_s']:>10.1f} {two['docs_per_s']:>10.1f} "
@@ -462,8 +507,9 @@ def report(results: dict, scales: list[int], tasks: int, machine_repeats: int = 
         print(f"\npeak RSS at {high}x / {low}x (largest process, per worker count; "
               "target <= 1.3 but the dedup cluster step)")
         for name in measured:
-            growth = [results[high, name, w]["rss"] / max(1, results[low, name, w]["rss"]) for w in (1, 2)]
+            growth = [results[high, name, w]["rss"] / max(1, results[low, name, w]["rss"]) for w in (1, CORES)]
             print(f"{name:<16} {growth[0]:.2f} (1 worker) {growth[1]:.2f} (2 workers)")
+    if len(scales) > 1 and "dedup" in measured:
         dedup = [results[s, "dedup", 1] for s in (low, high)]
         reported = dedup[1]["bytes_per_document"]
         added = dedup[1]["documents"] - dedup[0]["documents"]

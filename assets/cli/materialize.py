@@ -9,21 +9,23 @@ from assets.cli.factory import Factory, UsageError
 
 
 def start_local_helpers(args) -> None:
-    """With the local executor at W > 1 workers, start its W - 1 helper processes now, in the background: they take
-    ~0.7 s to import datatrove, which then overlaps the ~2 s of loading Dagster and the code location instead of
-    the first stage's tasks. Only when the runs execute in this process (one job); parallel jobs' worker processes
-    start their own as their runs begin (ExecutorResource.setup_for_execution). A bad variable is left to the
-    resource, which names it when the run starts."""
+    """With the local executor at W > 1 workers (PRETRAIN_EXECUTOR_WORKERS, else the run's CPUs: the resource's
+    default), start its W - 1 helper processes now, in the background: they take ~0.7 s to import datatrove, which
+    then overlaps the ~2 s of loading Dagster and the code location instead of the first stage's tasks. Only when
+    the runs execute in this process (one job); parallel jobs' worker processes start their own as their runs begin
+    (ExecutorResource.setup_for_execution). A bad variable is left to the resource, which names it when the run
+    starts."""
     from pipelines.runner import LocalRunner
-    from resources.executor_env import ExecutorEnvironment
+    from resources.executor_env import ExecutorEnvironment, given_cpus
 
     try:
         env = ExecutorEnvironment.read(os.environ)
         jobs = args.jobs or int(os.environ.get("PRETRAIN_JOBS") or 0)
+        workers = env.workers if env.workers is not None else given_cpus()
     except ValueError:
         return
-    if env.kind == "local" and (env.workers or 1) > 1 and jobs == 1:
-        LocalRunner(workers=env.workers).warm()
+    if env.kind == "local" and workers > 1 and jobs == 1:
+        LocalRunner(workers=workers).warm()
 
 
 def materialize(args) -> int:

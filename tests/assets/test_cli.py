@@ -134,9 +134,9 @@ def test_a_source_past_its_bad_fraction_fails_and_commits_nothing(tmp_path, monk
     ({"PRETRAIN_EXECUTOR_WORKERS": "1"}, "1", False),  # one worker: the tasks run in this process, no helper
     ({"PRETRAIN_EXECUTOR_WORKERS": "2", "PRETRAIN_EXECUTOR": "ray"}, "1", False),
     ({"PRETRAIN_EXECUTOR_WORKERS": "two"}, "1", False),  # left to the resource, which names the variable
-    # Unset: the executor runs as many tasks as the run was given CPUs, and its helpers start when the run does
-    # (ExecutorResource.setup_for_execution): the command starts them early only for an explicit setting.
-    ({}, "1", False),
+    # Unset: the executor runs as many tasks at once as the run was given CPUs, and its helpers start now likewise.
+    ({"PRETRAIN_CPUS": "2"}, "1", True),
+    ({"PRETRAIN_CPUS": "1"}, "1", False),
 ])
 def test_materialize_starts_the_local_helpers_before_dagster_loads(monkeypatch, env, jobs, started):
     """`pretrain materialize` starts the local executor's helpers first thing: a helper needs ~0.7 s to import
@@ -146,7 +146,7 @@ def test_materialize_starts_the_local_helpers_before_dagster_loads(monkeypatch, 
     from pipelines.runner import WorkerPool
 
     WorkerPool.close_all()
-    for name in ("PRETRAIN_EXECUTOR", "PRETRAIN_EXECUTOR_WORKERS", "PRETRAIN_JOBS"):
+    for name in ("PRETRAIN_EXECUTOR", "PRETRAIN_EXECUTOR_WORKERS", "PRETRAIN_JOBS", "PRETRAIN_CPUS"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
