@@ -75,30 +75,31 @@ def main() -> None:
 
 def smoke_inputs(source: dict, base_dir: Path, out: Path) -> list[str]:
     """The source's WARC inputs cut to their first SMOKE_PAGES records (absolute paths, for the recipe)."""
-    from warcio.archiveiterator import ArchiveIterator
-
     from pipelines.inputs import expand_inputs
 
     if source["format"] not in ("warc", "wet"):
         raise SystemExit(f"bench/curation.py --smoke: source {source['name']!r} is {source['format']}; "
                          "--smoke cuts WARC/WET inputs only")
-    cuts = []
-    for path in expand_inputs(source["inputs"], base_dir):
-        # One gzip member per record (the WARC norm): the bytes before record SMOKE_PAGES are a valid WARC.
-        with open(path, "rb") as f:
-            records = ArchiveIterator(f)
-            end = None
-            for i, _ in enumerate(records):
-                if i == SMOKE_PAGES:
-                    end = records.get_record_offset()
-                    break
-            f.seek(0)
-            head = f.read(end if end is not None else -1)
-        cut = out / source["name"] / Path(path).name
-        cut.parent.mkdir(parents=True, exist_ok=True)
-        cut.write_bytes(head)
-        cuts.append(str(cut))
-    return cuts
+    return [cut_warc(Path(path), out / source["name"] / Path(path).name)
+            for path in expand_inputs(source["inputs"], base_dir)]
+
+
+def cut_warc(path: Path, cut: Path, pages: int = SMOKE_PAGES) -> str:
+    """The WARC's first `pages` records written to `cut` (its path returned): with one gzip member per record (the
+    WARC norm), the bytes before a record are a valid WARC. bench/filters.py's --smoke cuts its inputs here too."""
+    from warcio.archiveiterator import ArchiveIterator
+
+    with open(path, "rb") as f:
+        records, end = ArchiveIterator(f), None
+        for i, _ in enumerate(records):
+            if i == pages:
+                end = records.get_record_offset()
+                break
+        f.seek(0)
+        head = f.read(end if end is not None else -1)
+    cut.parent.mkdir(parents=True, exist_ok=True)
+    cut.write_bytes(head)
+    return str(cut)
 
 
 def run(recipe_path: Path, name: str, home: Path, rounds: int) -> None:

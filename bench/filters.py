@@ -61,27 +61,12 @@ def documents(source_name: str, out: Path, smoke: bool) -> list[dict]:
     source = recipe.source(source_name)
     inputs = expand_inputs(list(source.inputs), recipe.input_root)
     if smoke and source.format in ("warc", "wet"):
-        inputs = [cut_warc(Path(path), out / "smoke" / Path(path).name) for path in inputs]
+        from bench.curation import cut_warc
+
+        inputs = [cut_warc(Path(path), out / "smoke" / Path(path).name, SMOKE_PAGES) for path in inputs]
     ingest_source(name=source.name, inputs=inputs, format=source.format, reader=source.reader,
                   out_dir=out / source.name, tasks=len(inputs), workers=1)
     return [doc for part in sorted((out / source.name).glob("part-*.jsonl.gz")) for doc in iter_documents(part)]
-
-
-def cut_warc(path: Path, cut: Path) -> str:
-    """The WARC's first SMOKE_PAGES records (one gzip member per record: the bytes before a record are a WARC)."""
-    from warcio.archiveiterator import ArchiveIterator
-
-    with open(path, "rb") as f:
-        records, end = ArchiveIterator(f), None
-        for i, _ in enumerate(records):
-            if i == SMOKE_PAGES:
-                end = records.get_record_offset()
-                break
-        f.seek(0)
-        head = f.read(end if end is not None else -1)
-    cut.parent.mkdir(parents=True, exist_ok=True)
-    cut.write_bytes(head)
-    return str(cut)
 
 
 def passes(source_name: str, docs: list[dict]) -> list[int]:

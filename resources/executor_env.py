@@ -34,15 +34,18 @@ def available_cpus() -> int:
 def given_cpus(env: Mapping[str, str] | None = None) -> int:
     """The CPUs this run was given: PRETRAIN_CPUS when set (a share of the machine), else available_cpus()."""
     raw = (os.environ if env is None else env).get(CPUS_ENV)
-    if not raw:
-        return available_cpus()
+    return count_in(CPUS_ENV, raw, "CPUs") if raw else available_cpus()
+
+
+def count_in(variable: str, raw: str, what: str) -> int:
+    """The value `raw` of a count variable (PRETRAIN_CPUS, PRETRAIN_JOBS), else a ValueError naming it."""
     try:
-        cpus = int(raw)
+        count = int(raw)
     except ValueError:
-        cpus = 0
-    if cpus < 1:
-        raise ValueError(f"{CPUS_ENV}: {raw!r} is not a whole number of CPUs, 1 or more")
-    return cpus
+        count = 0
+    if count < 1:
+        raise ValueError(f"{variable}: expected a whole number of {what}, 1 or more; got {raw!r}")
+    return count
 
 
 class ExecutorEnvironment(BaseModel):

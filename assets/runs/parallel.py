@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from assets.core.factory import IN_ORDER
 from assets.runs.progress import StreamReport
 from assets.runs.runners import InProcessRunner, Outcome, PoolRunner, Task
-from resources.executor_env import CPUS_ENV, available_cpus
+from resources.executor_env import CPUS_ENV, available_cpus, count_in
 
 JOBS_ENV = "PRETRAIN_JOBS"
 THREADS_ENV = "OMP_NUM_THREADS"
@@ -81,15 +81,7 @@ def trainer_cores(node) -> int | None:
 def default_jobs() -> int:
     """PRETRAIN_JOBS, else the number of CPUs this process may use."""
     raw = os.environ.get(JOBS_ENV)
-    if not raw:
-        return cpu_count()
-    try:
-        jobs = int(raw)
-    except ValueError:
-        jobs = 0
-    if jobs < 1:
-        raise ValueError(f"{JOBS_ENV}: expected a whole number of steps at once, 1 or more; got {raw!r}")
-    return jobs
+    return count_in(JOBS_ENV, raw, "steps at once") if raw else cpu_count()
 
 
 @dataclass

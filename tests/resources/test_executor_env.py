@@ -37,5 +37,5 @@ def test_the_cpus_a_run_was_given_are_its_share_or_all_it_may_use(monkeypatch):
     monkeypatch.setenv(CPUS_ENV, "5")
     assert given_cpus() == 5  # the environment as it is now
     for bad in ("0", "two"):
-        with pytest.raises(ValueError, match=rf"^PRETRAIN_CPUS: '{bad}' is not a whole number of CPUs, 1 or more$"):
+        with pytest.raises(ValueError, match=rf"^PRETRAIN_CPUS: expected a whole number of CPUs, 1 or more; got '{bad}'$"):
             given_cpus({CPUS_ENV: bad})
