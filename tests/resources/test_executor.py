@@ -197,7 +197,7 @@ def test_local_runs_as_many_tasks_at_once_as_the_run_was_given_cpus(monkeypatch)
     assert executor.local_workers() == 3
     assert ExecutorResource.from_env({"PRETRAIN_EXECUTOR_WORKERS": "1"}).local_workers() == 1  # the setting wins
     monkeypatch.setenv(CPUS_ENV, "none")
-    with pytest.raises(ValueError, match="PRETRAIN_CPUS: 'none'"):
+    with pytest.raises(ValueError, match="^PRETRAIN_CPUS: expected a whole number of CPUs, 1 or more; got 'none'$"):
         executor.local_workers()
 
 
