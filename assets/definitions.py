@@ -50,8 +50,9 @@ def build_resources() -> dict:
         "launcher": LauncherResource(launcher=os.environ.get("PRETRAIN_LAUNCHER", "python"),
                                      nproc_per_node=int(os.environ.get("PRETRAIN_NPROC_PER_NODE", "1")),
                                      max_restarts=int(os.environ.get("PRETRAIN_MAX_RESTARTS", "2"))),
-        # datatrove pipelines: local by default (PRETRAIN_EXECUTOR_WORKERS > 1: a process pool); PRETRAIN_EXECUTOR=ray
-        # or slurm with PRETRAIN_RAY_ADDRESS / PRETRAIN_SLURM_PARTITION, ... (ExecutorResource.from_env lists them).
+        # datatrove pipelines: local by default, a task per CPU of the run at once (PRETRAIN_EXECUTOR_WORKERS to set
+        # it); PRETRAIN_EXECUTOR=ray or slurm with PRETRAIN_RAY_ADDRESS / PRETRAIN_SLURM_PARTITION, ...
+        # (ExecutorResource.from_env lists them).
         "executor": ExecutorResource.from_env(os.environ),
     }
 
