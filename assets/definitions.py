@@ -46,7 +46,7 @@ def build_resources() -> dict:
         "scratch": ScratchResource(root=str(pretrain_home() / "work")),
         # The trainer's processes: `python -m trainer` by default; PRETRAIN_LAUNCHER=torchrun|deepspeed and
         # PRETRAIN_NPROC_PER_NODE for more, PRETRAIN_MAX_RESTARTS relaunches of a failed trainer
-        # (resources/launcher.py). These are defaults: a recipe stage's `launch:` overrides them (assets/stages.py).
+        # (resources/launcher.py). These are defaults: a recipe stage's `launch:` overrides them (assets/recipe/training.py).
         "launcher": LauncherResource(launcher=os.environ.get("PRETRAIN_LAUNCHER", "python"),
                                      nproc_per_node=int(os.environ.get("PRETRAIN_NPROC_PER_NODE", "1")),
                                      max_restarts=int(os.environ.get("PRETRAIN_MAX_RESTARTS", "2"))),

@@ -13,7 +13,7 @@ new partition: materializing it builds that partition only, and the earlier dump
 The recipe's `dumps` list is the whole set when it is given: a dump added there is added, one taken out is removed
 (its outputs stay in the store). Without it, found folders are only ever added. Dumps are in name order (Common
 Crawl's CC-MAIN-YYYY-WW names sort by time): the order the sequential dedup takes them in, so a recipe whose
-`dumps` list is in another order is refused at load, naming the field (assets/recipe.py).
+`dumps` list is in another order is refused at load, naming the field (assets/recipe/sources.py).
 """
 
 from __future__ import annotations

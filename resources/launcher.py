@@ -16,7 +16,7 @@ excluded (`sbatch --exclude`, a hostfile without it) and the job restarts on the
 every exclusion is in the restart's record (`excluded`, `why`) and in job.json for `pretrain jobs`. The status
 comes from the trainer's <output_dir>/failure.json when it wrote one (moved aside to failure-<attempt>.json), else
 from torchrun's failure report (torchrun itself exits 1), else the process's own. A stage may override these
-fields for its launch (`launch(..., settings=)`, a recipe stage's `launch:` in assets/stages.py).
+fields for its launch (`launch(..., settings=)`, a recipe stage's `launch:` in assets/recipe/training.py).
 
 The job outlives the Dagster run that started it (trainer/job/detach.py): the local launchers (python, torchrun,
 deepspeed) start the command detached, in a session of its own with its output in <work>/job-<attempt>.log, and

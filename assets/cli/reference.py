@@ -4,7 +4,7 @@ from its pydantic models, the command line's from its argument parser.
     make docs-reference      writes the three files below again (write(), with `pretrain`'s parser)
 
 The schema is pydantic's, from `assets.recipe.Recipe` and every model it composes, with three things pydantic
-cannot see. A training stage is a dict checked by hand against the trainer's RunConfig (assets/stages.py
+cannot see. A training stage is a dict checked by hand against the trainer's RunConfig (assets/recipe/training.py
 check_stage), so `training.main`, each later stage and each `proxy` get RunConfig's own fields (those a stage may
 set, and `launch`); main gives `train_tokens`, the others only what they change. A field whose model gives it no
 `description` is described by the comment the model's source puts beside it or on the lines above it, so what the
@@ -51,7 +51,7 @@ def recipe_schema() -> dict:
     from trainer.config import RunConfig
 
     from assets.recipe import Recipe
-    from assets.stages import STAGE_FIELDS, LaunchSettings
+    from assets.recipe.training import STAGE_FIELDS, LaunchSettings
 
     schema = Recipe.model_json_schema()
     defs = schema.setdefault("$defs", {})
@@ -176,7 +176,7 @@ def recipe_page(schema: dict) -> str:
         order.append(name)
         queue += [(ref, defs[ref]) for ref in _refs(definition) if ref not in order]
     lines = [GENERATED, "", "# Recipe reference", "",
-             "Every field of a recipe, generated from the pydantic models that validate it (`assets/recipe.py` and the",
+             "Every field of a recipe, generated from the pydantic models that validate it (`assets/recipe/` and the",
              "models it composes) through the same JSON Schema `pretrain schema` prints and editors read",
              "(`docs/recipe.schema.json`; [Recipes](../recipes.md#editors-and-the-schema)). A field with no default is",
              "required. What needs the files or other sections (an input that matches nothing, a stage that names a",

@@ -47,7 +47,7 @@ from assets.curation.raw_crawl import raw_crawl_key
 from assets.curation.reference_lm import REFERENCE_KEY
 from assets.plots import grouped_bar_chart
 from assets.recipe import Recipe, SourceConfig
-from assets.stages import proxy_run
+from assets.recipe.training import proxy_run
 from assets.tokenization.packed import pack_parts
 from assets.tokenization.tokenizer import TOKENIZER_FILE, tokenizer_key
 from assets.training.inputs import local_folder

@@ -5,7 +5,7 @@ documents_valid (filtered, deduplicated, decontaminated): great-expectations 1.x
     bounds, unique ids, languages in the source's allowed set (for a source with a language filter), no PII pattern
     left (the scrubber's own patterns, pipelines/filters/pii.py, under the source's PII settings). Severity ERROR, not
     blocking: a violation shows on the asset, it does not stop the run.
-    Never one DataFrame of a whole output: the recipe's `checks` section (assets/recipe.py ChecksConfig) says
+    Never one DataFrame of a whole output: the recipe's `checks` section (assets/recipe/curation.py ChecksConfig) says
     `chunks` (default: every document, in DataFrames of at most `chunk_documents` rows and `chunk_text_chars`
     characters of text, the results summed) or `sample` (the per-document expectations on a seeded reservoir
     sample of `sample_documents` documents, in the same frames). Each chunk is two frames: the text alone for the

@@ -72,24 +72,22 @@ def observe_inputs(instance, recipe: Recipe) -> list[str]:
     """Observe every source's input set now, as the observable source assets would, outside a run (`pretrain
     status` and `pretrain materialize` start with it); an observation is recorded only where the version differs
     from the latest one. Returns the sources whose inputs changed."""
-    from dagster import AssetObservation
-    from dagster._core.definitions.data_version import DATA_VERSION_IS_USER_PROVIDED_TAG, DATA_VERSION_TAG
+    from dagster._core.definitions.data_version import DATA_VERSION_TAG
 
-    from assets.core.records import latest_observations
+    from assets.core.records import latest_observations, record_observations
 
-    # Every source's latest observation in one query, not one per source (1,000 sources: 1,000 queries).
+    # Every source's latest observation in one query and the new ones in one batch, not a query and a write per
+    # source (1,000 sources: 1,000 of each, ~30 s on a fresh home).
     observed = [source for source in recipe.sources if not source.has_dumps]  # a crawl's dumps are partitions
     latest = latest_observations(instance, [inputs_key(source.name) for source in observed])
-    changed = []
+    changed = {}
     for source in observed:
         key = inputs_key(source.name)
         version = inputs_version(file_fingerprints(_listed(recipe, source)))
-        if key in latest and latest[key].asset_observation.tags.get(DATA_VERSION_TAG) == version:
-            continue
-        instance.report_runless_asset_event(AssetObservation(
-            asset_key=key, tags={DATA_VERSION_TAG: version, DATA_VERSION_IS_USER_PROVIDED_TAG: "true"}))
-        changed.append(source.name)
-    return changed
+        if key not in latest or latest[key].asset_observation.tags.get(DATA_VERSION_TAG) != version:
+            changed[source.name] = (key, version)
+    record_observations(instance, dict(changed.values()))
+    return list(changed)
 
 
 def raw_crawl_asset(recipe: Recipe, source: SourceConfig):

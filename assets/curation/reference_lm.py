@@ -24,7 +24,7 @@ from dagster import AssetKey, MetadataValue
 from assets.core.factory import Inputs, OutputSpec, output_asset
 from assets.core.upstream import Output
 from assets.recipe import Recipe
-from assets.stages import PROXY_THREADS
+from assets.recipe.training import PROXY_THREADS
 from pipelines.filters.config import ReferenceConfig
 from pipelines.tokenization.config import TokenizerConfig
 

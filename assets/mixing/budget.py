@@ -19,7 +19,7 @@ from pathlib import Path
 from dagster import Failure
 
 from assets.recipe import Recipe
-from assets.stages import MixingSection
+from assets.recipe.mixing import MixingSection
 from trainer.config import BatchConfig
 
 # What a recipe without a mixing section gets: mixing.max_epochs's default.

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from dagster import AssetKey, DynamicPartitionsDefinition
 
 from assets.recipe import Recipe
-from assets.stages import LaunchSettings, proxy_run
+from assets.recipe.training import LaunchSettings, proxy_run
 from storage.objects import ObjectStore
 
 CANDIDATES = DynamicPartitionsDefinition(name="mix_candidates")
@@ -47,7 +47,7 @@ def weights_key() -> AssetKey:
 
 
 def proxy_settings(recipe: Recipe) -> dict:
-    """The proxy's run-config fields: training.main with mixing.proxy merged over it (assets/stages.py proxy_run)."""
+    """The proxy's run-config fields: training.main with mixing.proxy merged over it (assets/recipe/training.py proxy_run)."""
     return proxy_run(recipe.training.main, ("mixing.proxy", recipe.mixing.proxy))[0]
 
 

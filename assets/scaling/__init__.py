@@ -5,5 +5,6 @@
     (shared)         section.py   the recipe's `scaling` section, keys, rungs, how N, D, C and the loss are counted
     (stages)         predict.py   a training stage's predicted loss, read from the latest fit (not a dependency)
 
-Nothing is imported here: assets/recipe.py imports section.py, and ladder.py and fit.py import the recipe.
+Nothing is imported here: section.py imports the recipe's scaling section (assets/recipe/scaling.py), and
+ladder.py and fit.py import the recipe.
 """

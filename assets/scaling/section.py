@@ -1,13 +1,6 @@
-"""The recipe's `scaling` section and what the two scaling assets and the training stages share: the keys, the
-rungs (one proxy run per model size and token budget), the proxy's run settings, how N, D, the compute and the
-loss of a run are counted, and the result files.
-
-    scaling:
-      sizes:  [{d_model: 32, n_layers: 1, n_heads: 2}, ..., {d_model: 96, n_layers: 2, n_heads: 4}]   # >= 5
-      tokens: [65536, 131072, 262144]            # >= 3 budgets; or tokens_per_param: [10, 20, 40]
-      proxy:  {metrics: {downstream_interval: 0}} # stage fields merged over training.main
-      held_out: true                             # fits without the largest size, and without the largest budget
-      bootstrap: 200
+"""What the two scaling assets and the training stages share: the keys, the rungs (one proxy run per model size
+and token budget of the recipe's `scaling` section, assets/recipe/scaling.py), the proxy's run settings, how D,
+the compute and the loss of a run are counted, and the result files.
 
 The counts, the same for the ladder, the fit and every stage's prediction:
 - N is every parameter, the input embedding and the output head included (Hoffmann et al. 2022's count;
@@ -23,8 +16,7 @@ The counts, the same for the ladder, the fit and every stage's prediction:
   the full training FLOPs (embedding head and attention included) are recorded beside it.
 - The loss is the final validation loss averaged over the domains with the run's mixture weights: the loss of
   the distribution it trained on, the same for the proxies and the stage the fit predicts.
-
-This module must not import the recipe (assets/recipe.py imports ScalingSection from here)."""
+"""
 
 from __future__ import annotations
 
@@ -33,9 +25,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dagster import AssetKey, StaticPartitionsDefinition
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from assets.stages import merge, proxy_run, split_launch
+from assets.recipe.scaling import Size, scaling_params
+from assets.recipe.training import merge, proxy_run
 from trainer.config import BatchConfig, ModelConfig
 from trainer.planner.plan import ModelShape, flops_per_token
 
@@ -52,73 +44,6 @@ def ladder_key() -> AssetKey:
 
 def fit_key() -> AssetKey:
     return AssetKey(["scaling", "fit"])
-
-
-class Size(BaseModel):
-    """One model shape of the ladder; the rest of the model (vocabulary, d_ff rule, ...) is training.main's."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    d_model: int = Field(ge=8)
-    n_layers: int = Field(ge=1)
-    n_heads: int = Field(ge=1)
-    n_kv_heads: int | None = Field(None, ge=1, description="grouped-query attention (None: as many as n_heads)")
-
-    @model_validator(mode="after")
-    def _a_model_shape(self):
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
-        if (self.d_model // self.n_heads) % 2:
-            raise ValueError(f"head dim d_model/n_heads = {self.d_model // self.n_heads} must be even (RoPE)")
-        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.n_kv_heads}")
-        return self
-
-    @property
-    def name(self) -> str:
-        kv = f"-kv{self.n_kv_heads}" if self.n_kv_heads is not None else ""
-        return f"d{self.d_model}-l{self.n_layers}-h{self.n_heads}{kv}"
-
-    def model(self) -> dict:
-        """The model fields the size sets over training.main's (n_kv_heads always: main's may not divide n_heads)."""
-        return {"d_model": self.d_model, "n_layers": self.n_layers, "n_heads": self.n_heads,
-                "n_kv_heads": self.n_kv_heads}
-
-
-class ScalingSection(BaseModel):
-    """The scaling-law ladder (assets/scaling/): proxies of every size at every token budget, fitted to
-    L(N, D) = E + A/N^alpha + B/D^beta."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    sizes: list[Size] = Field(min_length=5, description="model shapes, at least 5")
-    tokens: list[int] | None = Field(None, min_length=3, description="token budgets, at least 3")
-    tokens_per_param: list[float] | None = Field(None, min_length=3, description=(
-        "token budgets as multiples of each size's N (at least 3), instead of `tokens`"))
-    seed: int = Field(0, description="every rung's seed, and the bootstrap's")
-    proxy: dict[str, Any] = Field({}, description="stage fields merged over training.main (schedule, batch, launch)")
-    held_out: bool = Field(True, description=(
-        "also fit without every rung of the largest size, and separately without each size's largest budget, and "
-        "report the error on each rung left out"))
-    bootstrap: int = Field(200, ge=0, description="resamples for the parameters' intervals")
-
-    @model_validator(mode="after")
-    def _check(self):
-        if (self.tokens is None) == (self.tokens_per_param is None):
-            raise ValueError("scaling: give the token budgets as `tokens` or as `tokens_per_param`, one of them")
-        budgets = self.tokens if self.tokens is not None else self.tokens_per_param
-        field = "tokens" if self.tokens is not None else "tokens_per_param"
-        for i, value in enumerate(budgets):
-            if not value > 0:
-                raise ValueError(f"scaling.{field}[{i}]: a budget must be > 0, got {value!r}")
-        if len(set(budgets)) != len(budgets):
-            raise ValueError(f"scaling.{field}: a budget is given twice ({budgets})")
-        names = [s.name for s in self.sizes]
-        for i, name in enumerate(names):
-            if name in names[:i]:
-                raise ValueError(f"scaling.sizes[{i}]: {name} is given twice")
-        split_launch("scaling.proxy", self.proxy)
-        return self
 
 
 @dataclass(frozen=True)
@@ -138,7 +63,7 @@ class Rung:
 
 def proxy_settings(recipe: Recipe) -> dict:
     """The ladder's common run-config fields: training.main with scaling.proxy merged over it and the section's seed
-    (assets/stages.py proxy_run); each rung then sets its model size and train_tokens."""
+    (assets/recipe/training.py proxy_run); each rung then sets its model size and train_tokens."""
     return proxy_run(recipe.training.main, ("scaling.proxy", recipe.scaling.proxy), seed=recipe.scaling.seed)[0]
 
 
@@ -149,11 +74,6 @@ def proxy_launch(recipe: Recipe) -> dict:
 
 def rung_settings(recipe: Recipe, rung: Rung) -> dict:
     return merge(proxy_settings(recipe), rung.settings)
-
-
-def scaling_params(settings: dict) -> int:
-    """N of a stage's run-config fields: every parameter (the trainer's count, trainer.config.ParameterCount.total)."""
-    return ModelConfig(**settings.get("model", {})).parameter_count().total
 
 
 def train_flops(settings: dict, tokens: float) -> float:

@@ -31,7 +31,7 @@ from assets.mixing.section import RESULT_FILE, mixture_prediction, mixture_predi
 from assets.plots import line_chart
 from assets.recipe import Recipe
 from assets.scaling.predict import predicted, prediction_metadata
-from assets.stages import check_stage, merge, split_launch
+from assets.recipe.training import check_stage, merge, split_launch
 from assets.tokenization.tokenizer import TOKENIZER_FILE
 from assets.training.inputs import packed_keys, training_inputs
 from trainer.config import BatchConfig

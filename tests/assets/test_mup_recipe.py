@@ -5,7 +5,7 @@ import pytest
 
 from assets.mixing.section import proxy_settings
 from assets.recipe import RecipeError, load_recipe
-from assets.stages import check_stage
+from assets.recipe.training import check_stage
 from tests.assets.test_recipe import write_recipe
 
 MUP = {"parametrization": "mup", "mup_base_width": 64}

@@ -21,7 +21,7 @@ from assets.mixing.section import (
     write_result,
 )
 from assets.recipe import DEMO_RECIPE, Recipe, load_recipe
-from assets.stages import PROXY_THREADS
+from assets.recipe.training import PROXY_THREADS
 from storage.local import LocalStore
 
 RAW = yaml.safe_load(DEMO_RECIPE.read_text())

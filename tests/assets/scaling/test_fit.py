@@ -5,7 +5,7 @@ from dagster import AssetKey
 
 import assets.scaling.fit as fit_module
 from assets.recipe import load_recipe
-from assets.scaling.section import scaling_params
+from assets.recipe.scaling import scaling_params
 from tests.assets.scaling.test_section import LADDER
 from tests.assets.test_plots import decoded
 from trainer.planner.scaling_law import fit_scaling_law

@@ -6,7 +6,7 @@ import yaml
 
 from assets.recipe import DEMO_RECIPE, load_recipe
 from assets.scaling.predict import _coverage, prediction_metadata
-from assets.scaling.section import scaling_params
+from assets.recipe.scaling import scaling_params
 
 MIXTURE = {"web": 0.4, "c4": 0.2, "books": 0.1, "code": 0.1, "math": 0.2}
 LADDER = {"weights": MIXTURE, "seq_len": 128}

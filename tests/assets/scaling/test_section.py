@@ -1,5 +1,5 @@
-"""assets/scaling/section.py: the recipe's `scaling` section (bad sizes and budgets fail naming the field, exit 2 from
-the command), the ladder recipe's rungs, and how N, C and the mixture-weighted loss are counted."""
+"""assets/scaling/section.py: the ladder recipe's rungs, and how N, C and the mixture-weighted loss are counted (the
+section itself: tests/assets/recipe/test_scaling.py)."""
 
 from pathlib import Path
 
@@ -8,15 +8,8 @@ import yaml
 
 from assets.cli import main
 from assets.recipe import REPO_ROOT, RecipeError, load_recipe
-from assets.scaling.section import (
-    compute,
-    largest_budget,
-    largest_size,
-    rungs,
-    scaling_params,
-    smallest,
-    weighted_loss,
-)
+from assets.scaling.section import compute, largest_budget, largest_size, rungs, smallest, weighted_loss
+from assets.recipe.scaling import scaling_params
 
 LADDER = REPO_ROOT / "recipes" / "ladder.yaml"
 
@@ -36,45 +29,6 @@ def write(tmp_path: Path, raw: dict) -> Path:
 SIZES = [{"d_model": 32, "n_layers": 1, "n_heads": 2}, {"d_model": 48, "n_layers": 1, "n_heads": 2},
          {"d_model": 64, "n_layers": 2, "n_heads": 4}, {"d_model": 96, "n_layers": 2, "n_heads": 4},
          {"d_model": 128, "n_layers": 2, "n_heads": 4}]
-
-
-@pytest.mark.parametrize("change, field", [
-    ({"sizes": SIZES[:4]}, r"scaling\.sizes: List should have at least 5 items"),
-    ({"tokens": [65536, 131072]}, r"scaling\.tokens: List should have at least 3 items"),
-    ({"sizes": [*SIZES[:4], {"d_model": 100, "n_layers": 2, "n_heads": 3}]},
-     r"scaling\.sizes\[4\]: Value error, d_model 100 is not divisible by n_heads 3"),
-    ({"sizes": [*SIZES[:4], {"d_model": 96, "n_layers": 2, "n_heads": 4, "n_kv_heads": 3}]},
-     r"scaling\.sizes\[4\]: Value error, n_heads 4 is not divisible by n_kv_heads 3"),
-    ({"sizes": [*SIZES[:4], {"width": 96, "n_layers": 2, "n_heads": 4}]}, r"scaling\.sizes\[4\]\.width: Extra inputs"),
-    ({"sizes": [*SIZES[:4], SIZES[0]]}, r"scaling\.sizes\[4\]: d32-l1-h2 is given twice"),
-    ({"sizes": [*SIZES[:4], {"d_model": 96, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4}]},
-     r"scaling\.sizes\[4\] \(d96-l2-h4-kv4\): 1,794,624 parameters, as many as scaling\.sizes\[3\]"),
-    ({"tokens_per_param": [1, 2, 4]}, r"scaling: give the token budgets as `tokens` or as `tokens_per_param`"),
-    ({"tokens": [65536, 65536, 131072]}, r"scaling\.tokens: a budget is given twice"),
-    ({"tokens": [65536, 0, 131072]}, r"scaling\.tokens\[1\]: a budget must be > 0"),
-    ({"proxy": {"optimizer": {"lr": 1}}}, r"scaling\.proxy\.optimizer: not a stage field"),
-    ({"proxy": {"launch": {"nodes": 2}}}, r"scaling\.proxy\.launch\.nodes: not a launch field"),
-])
-def test_a_bad_scaling_section_fails_naming_the_field(tmp_path, change, field):
-    raw = ladder_raw()
-    raw["scaling"] = {**raw["scaling"], **change}
-    with pytest.raises(RecipeError, match=field):
-        load_recipe(write(tmp_path, raw))
-
-
-def test_the_command_exits_2_naming_the_field(tmp_path, capsys):
-    raw = ladder_raw()
-    raw["scaling"]["sizes"] = SIZES[:3]
-    assert main(["status", "--recipe", str(write(tmp_path, raw))]) == 2
-    assert "scaling.sizes: List should have at least 5 items" in capsys.readouterr().err
-
-
-def test_a_ladder_needs_a_training_section(tmp_path):
-    raw = ladder_raw()
-    raw.pop("training")
-    raw.pop("mixing")
-    with pytest.raises(RecipeError, match=r"scaling: the rungs train training\.main's model at each size"):
-        load_recipe(write(tmp_path, raw))
 
 
 def test_the_ladder_recipe_has_five_sizes_below_main_at_budgets_up_to_mains_and_counts_every_parameter():

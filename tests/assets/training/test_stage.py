@@ -177,7 +177,7 @@ def test_a_stage_can_keep_its_checkpoints_on_node_local_disks(tmp_path):
     """checkpoint.shared_local_dir false in a recipe stage: it validates (the store is its remote at run time), and
     the run.json puts the checkpoints under the recipe's local_dir (node-local, $VARS expanded on each node) per stage
     and version; without a local_dir they stay in the stage's work folder."""
-    from assets.stages import check_stage
+    from assets.recipe.training import check_stage
     from tests.assets.test_recipe import write_recipe
 
     def node_local(raw):

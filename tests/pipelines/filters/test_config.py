@@ -26,7 +26,7 @@ STEPS = (UrlFilterConfig, GopherQualityConfig, GopherRepetitionConfig, C4Config,
 
 
 class Section(pydantic.BaseModel):
-    """How a recipe holds a filter section (assets/recipe.py: SourceConfig, extra keys forbidden)."""
+    """How a recipe holds a filter section (assets/recipe/sources.py: SourceConfig, extra keys forbidden)."""
 
     model_config = pydantic.ConfigDict(extra="forbid")
     filter: FilterConfig = FilterConfig()

@@ -1,5 +1,10 @@
 """Recipes: the YAML a user edits, validated by pydantic before anything runs.
 
+The Recipe model composes one module per section, each named for it (sources, curation, mixing, training,
+evaluation, ablation, scaling: assets/recipe/<section>.py), and checks here what spans sections: a field that
+names sources names the recipe's own, the reference text kept apart from the positives and the benchmarks, what an
+ablation or the ladder needs from training.main.
+
 A recipe composes the engines' own config types (a source's `reader` is `pipelines.ingest.config.ReaderConfig`),
 so a field added to an engine is a recipe field at once. Every error names the file and the field:
 
@@ -11,154 +16,38 @@ The recipe in force is chosen by `--recipe` (CLI) or `PRETRAIN_RECIPE`, default 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import posixpath
-import re
 import typing
 from pathlib import Path
-from typing import Literal
 
 import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from assets.scaling.section import ScalingSection, scaling_params
-from assets.stages import AblationSection, EvaluationSection, MixingSection, TrainingSection, check_stage, merge
+from assets.recipe.ablation import AblationSection
+from assets.recipe.curation import ChecksConfig
+from assets.recipe.evaluation import EvaluationSection
+from assets.recipe.mixing import MixingSection
+from assets.recipe.scaling import ScalingSection, scaling_params
+from assets.recipe.sources import DUMP_NAME, DUMP_PLACEHOLDER, SourceConfig  # noqa: F401  (DUMP_NAME: the dumps sensor reads it from here)
+from assets.recipe.training import TrainingSection, check_stage, merge
 from pipelines.decontam.config import DecontamConfig
 from pipelines.dedup.config import DedupConfig
 from pipelines.filters.config import FilterConfig, ReferenceConfig
-from pipelines.ingest.config import ReaderConfig
 from pipelines.inputs import URL_SCHEME, expand_inputs
 from pipelines.filters.quality import QualityClassifierConfig
 from pipelines.tokenization.config import PackingConfig, TokenizerConfig
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # libyaml's loader where PyYAML was built with it (the wheels are): the same documents, ~10x faster than the pure
 # Python one, which took 0.05 s of each load of the code location at 100 sources and 0.5 s at 1,000.
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 DEMO_RECIPE = REPO_ROOT / "recipes" / "demo.yaml"
 
-# Reader settings that never change what ingest produces: the threshold only decides whether to fail. Leaving
-# it out of the code version means setting it does not make the asset stale.
-READER_FIELDS_NOT_VERSIONED = ("max_bad_fraction",)
-
-
-@functools.cache
-def _adapter(cls) -> pydantic.TypeAdapter:
-    """One TypeAdapter per class: building one (its schema) took 23 ms, for every source's filtered asset."""
-    return pydantic.TypeAdapter(cls)
-
 
 class RecipeError(ValueError):
     """A recipe that cannot be used; the message names the file and the field."""
-
-
-DUMP_PLACEHOLDER = "{dump}"
-DUMP_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
-
-
-class SourceConfig(BaseModel):
-    """One input corpus: where it is, how to read it, and (later) its per-stage settings."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(description="Asset-key-safe name: lower-case letters, digits and _")
-    format: Literal["warc", "wet", "jsonl", "parquet", "text"] = Field(description=(
-        "How the inputs are read: WARC (HTML extracted), WET (text), JSON lines, Parquet or plain text files"))
-    inputs: list[str] = Field(min_length=1, description=(
-        "Paths, globs or file:// URIs, relative to base_dir, or fsspec URLs and globs "
-        "(s3://bucket/crawl/*.warc.gz; S3 endpoint and credentials from the AWS_* variables)"))
-    reader: ReaderConfig = Field(ReaderConfig(), description=(
-        "How records become documents (pipelines.ingest.config.ReaderConfig): which fields hold the text, id and "
-        "URL, which files of a folder or tarball, HTML extraction, size limits, the share of bad records allowed"))
-    filter: FilterConfig = Field(FilterConfig(), description=(
-        "The filter steps, each turned on by name with its settings (pipelines/filters/config.py; docs/curation/"
-        "filters.md); a step left out is off"))
-    # A crawl of many dumps: `{dump}` in its inputs stands for one folder name (crawl/{dump}/*.warc.gz). Each dump
-    # is a partition of the source's assets (assets/dumps.py). The dumps are these, or, left out, every
-    # folder found where `{dump}` stands (found by the dump sensor and by `pretrain status` and `materialize`).
-    dumps: list[str] | None = Field(None, description="The source's dumps, in order; needs {dump} in its inputs")
-
-    @field_validator("name")
-    @classmethod
-    def _asset_key_safe(cls, name: str) -> str:
-        if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
-            raise ValueError(f"source name {name!r} must match [a-z][a-z0-9_]* (it becomes an asset key)")
-        return name
-
-    @field_validator("dumps")
-    @classmethod
-    def _dump_names(cls, dumps: list[str] | None) -> list[str] | None:
-        for dump in dumps or []:
-            if not re.fullmatch(DUMP_NAME, dump):
-                raise ValueError(f"dump name {dump!r} must match {DUMP_NAME} (it becomes a partition and a folder)")
-        if dumps is not None and len(set(dumps)) != len(dumps):
-            raise ValueError(f"a dump is named twice: {dumps}")
-        # The sequential dedup takes a crawl's dumps in name order (assets/dumps.py): a list in another order would be
-        # deduplicated in an order it does not show ('dump2' after 'dump10').
-        for earlier, later in zip(dumps or [], (dumps or [])[1:]):
-            if later < earlier:
-                raise ValueError(f"{later!r} is listed after {earlier!r} but sorts before it: dumps are deduplicated in "
-                                 f"name order, so list them in that order ({sorted(dumps)}), or name them so that it is "
-                                 "their time order (CC-MAIN-2024-10, dump02)")
-        return dumps
-
-    @model_validator(mode="after")
-    def _dump_placeholder(self):
-        marked = [DUMP_PLACEHOLDER in spec for spec in self.inputs]
-        if any(marked) and not all(marked):
-            raise ValueError(f"inputs: either every input has {DUMP_PLACEHOLDER} (a crawl of dumps) or none has")
-        for spec in self.inputs:
-            if spec.count(DUMP_PLACEHOLDER) > 1 or (DUMP_PLACEHOLDER in spec and
-                                                    f"/{DUMP_PLACEHOLDER}/" not in f"/{spec}"):
-                raise ValueError(f"inputs: {spec!r}: {DUMP_PLACEHOLDER} must be one whole folder of the path, once "
-                                 "(crawl/{dump}/*.warc.gz)")
-        if self.dumps is not None and not any(marked):
-            raise ValueError(f"dumps: the inputs have no {DUMP_PLACEHOLDER}, so there is nothing to partition "
-                             "(crawl/{dump}/*.warc.gz)")
-        return self
-
-    @property
-    def has_dumps(self) -> bool:
-        """A crawl of dumps: its assets are partitioned by dump."""
-        return DUMP_PLACEHOLDER in self.inputs[0]
-
-    def dump_inputs(self, dump: str) -> list[str]:
-        """The inputs of one dump: {dump} replaced by its name."""
-        return [spec.replace(DUMP_PLACEHOLDER, dump) for spec in self.inputs]
-
-    def raw_section(self) -> dict:
-        """The part of this source that decides the `raw_crawl` output (its code version hashes this)."""
-        reader = _adapter(ReaderConfig).dump_python(self.reader, mode="json")
-        for field in READER_FIELDS_NOT_VERSIONED:
-            reader.pop(field, None)
-        return {"name": self.name, "format": self.format, "inputs": list(self.inputs), "reader": reader}
-
-    def filtered_section(self) -> dict:
-        """The part of this source that decides the `filtered` output (not in raw_section: a filter change
-        makes only filtered and what is downstream of it stale)."""
-        return {"name": self.name, "filter": _adapter(FilterConfig).dump_python(self.filter, mode="json")}
-
-
-class ChecksConfig(BaseModel):
-    """How the documents_valid asset check reads an output (assets/curation/checks.py): in chunks of at most
-    `chunk_documents` rows (every document), or on a seeded sample of `sample_documents` documents. How a check
-    is run, not what an asset makes: no asset's code version includes it, so changing it makes nothing stale."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    mode: Literal["chunks", "sample"] = Field("chunks", description=(
-        "chunks: every document, in frames of at most chunk_documents rows; sample: a seeded sample of "
-        "sample_documents documents"))
-    chunk_documents: int = Field(10_000, ge=1, description="Rows of the largest DataFrame a check builds")
-    # GE holds ~9 bytes per character of a frame's text at its peak (pandas 3 string copies, measured): this bounds
-    # a frame of long documents where the row count would not.
-    chunk_text_chars: int = Field(4 * 2**20, ge=1, description="Text characters of the largest frame (a longer "
-                                  "document is a frame of its own)")
-    sample_documents: int = Field(10_000, ge=1, description="Documents validated in `sample` mode")
-    seed: int = Field(0, description="Seed of the sample (`sample` mode): the same seed, the same sample")
-
 
 class Recipe(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -177,11 +66,11 @@ class Recipe(BaseModel):
     tokenizer: TokenizerConfig = TokenizerConfig()  # train a BPE, or adopt `path` (relative to base_dir)
     packing: PackingConfig = Field(PackingConfig(), description=(
         "How each source's documents are packed into token shards: the validation split, by document"))
-    mixing: MixingSection | None = None  # the proxy-model mix sweep (assets/stages.py)
-    training: TrainingSection | None = None  # main, long-context stages, anneal (assets/stages.py)
+    mixing: MixingSection | None = None  # the proxy-model mix sweep (assets/recipe/mixing.py)
+    training: TrainingSection | None = None  # main, long-context stages, anneal (assets/recipe/training.py)
     evaluation: EvaluationSection = EvaluationSection()  # what each stage's final checkpoint is measured on
-    ablation: AblationSection | None = None  # filter ablations: proxy runs on raw and curated text (assets/stages.py)
-    scaling: ScalingSection | None = None  # the scaling-law ladder and its fit (assets/scaling/section.py)
+    ablation: AblationSection | None = None  # filter ablations: proxy runs on raw and curated text (assets/recipe/ablation.py)
+    scaling: ScalingSection | None = None  # the scaling-law ladder and its fit (assets/recipe/scaling.py)
     checks: ChecksConfig = ChecksConfig()  # how the documents checks read outputs (not in any code version)
 
     # Set by load_recipe, not by the YAML: where the recipe came from, to resolve relative inputs.

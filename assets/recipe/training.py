@@ -1,4 +1,4 @@
-"""The recipe's training sections: the mix sweep, the main run and the stages after it.
+"""The recipe's `training` section: the main run and the stages after it, and how any proxy run is built from main.
 
 A stage's settings are the trainer's own run-config fields (trainer.config.RunConfig: model, optim,
 schedule, batch, deepspeed, guard, metrics, checkpoint, train_tokens, seed). The main stage gives
@@ -40,14 +40,13 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from resources.launcher import LauncherResource
 from resources.slurm import SlurmConfig
-from trainer.config import RunConfig, ZeroShotTask, from_dict
-from trainer.data.config import MixingConfig
+from trainer.config import RunConfig, from_dict
 
 # Fields of RunConfig a recipe stage may set; data, output_dir, stage, lineage and the tokenizer hash
 # are filled in by the training assets.
@@ -263,90 +262,3 @@ class TrainingSection(BaseModel):
 
     def run_configs(self) -> list[tuple[str, RunConfig]]:
         return [(name, check_stage(name, settings)) for name, settings in self.stage_settings()]
-
-
-class MixingSection(BaseModel):
-    """The proxy-model sweep (RegMix): candidates around the prior, each trained with `proxy` merged over main."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    prior: dict[str, float]
-    candidates: int = 8
-    concentration: float = 10.0
-    seed: int = 0
-    target: str = Field("average", description="'average' of the per-domain validation losses, or one source")
-    proxy: dict[str, Any] = {}  # stage fields merged over training.main (smaller model, fewer tokens, its launch)
-    schedule: str | None = Field(None, description="cron schedule that re-runs the sweep, e.g. '0 3 * * 0'")
-    status: Literal["running", "stopped"] = "stopped"  # the schedule's default status
-    # The data budget (assets/mixing/budget.py): the most times a training stage may read a source; the search
-    # keeps to it on main's tokens and a stage over it fails before launch. Muennighoff et al.: ~4 epochs of
-    # repeated data are nearly as good as fresh data, many more are wasted.
-    max_epochs: float = Field(4.0, gt=0, description="most epochs of any source in a training stage")
-
-    def engine_config(self) -> MixingConfig:
-        return MixingConfig(prior=self.prior, candidates=self.candidates, concentration=self.concentration,
-                            seed=self.seed)
-
-    @model_validator(mode="after")
-    def _check(self):
-        self.engine_config()  # the engine's own checks, messages naming mixing.*
-        split_launch("mixing.proxy", self.proxy)
-        if self.target != "average" and self.target not in self.prior:
-            raise ValueError(f"target must be 'average' or one of {sorted(self.prior)}, got {self.target!r}")
-        return self
-
-
-class EvaluationSection(BaseModel):
-    """What the evaluation assets measure on each stage's final checkpoint: losses (trainer/evaluation/evaluate.py), zero-shot tasks
-    by lm-evaluation-harness (trainer/evaluation/harness.py)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    tasks: list[ZeroShotTask] = Field(["lambada_openai", "hellaswag", "arc_easy", "piqa"],
-                                      description="lm-evaluation-harness tasks (trainer/evaluation/harness.py)")
-    limit: int | None = Field(200, ge=1, description="items per task (None: all)")
-    benchmarks: str = Field("benchmarks", description="the benchmark folder, relative to base_dir")
-    canary: str | None = Field("benchmarks/wikitext-2-test.txt", description="fixed text whose loss is tracked")
-    canary_sequences: int = Field(8, ge=1)
-    val_sequences: int = Field(16, ge=1, description="held-out sequences per domain")
-
-
-class ThresholdSweep(BaseModel):
-    """One ablation arm per value of one filter setting, `<step>.<field>` of a source's filter."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    setting: str = Field(description="a filter setting, e.g. quality_model.threshold or perplexity.max_perplexity")
-    values: list[float | int | str] = Field(min_length=1)
-
-    @field_validator("setting")
-    @classmethod
-    def _step_dot_field(cls, setting: str) -> str:
-        if not re.fullmatch(r"[a-z0-9_]+\.[a-z0-9_]+", setting):
-            raise ValueError(f"give a filter step and one of its fields, e.g. quality_model.threshold; got {setting!r}")
-        return setting
-
-
-class AblationSection(BaseModel):
-    """Filter ablations (assets/curation/ablation.py): per source, proxy runs of equal tokens and seed on its raw
-    text and on its curated text (and, if asked, one arm per filter step left out and one per value of a setting),
-    each scored on the `reference` section's val_files and on zero-shot tasks."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    sources: list[str] = Field(min_length=1, description="the sources whose filters are judged")
-    tokens: int = Field(65536, ge=1, description="training tokens per arm (every arm the same)")
-    seed: int = Field(0, description="the first seed; repeats take seed, seed + 1, ...")
-    repeats: int = Field(1, ge=1, description="seeds per arm: from 2 on, the run-to-run spread and a verdict")
-    proxy: dict[str, Any] = Field({}, description="stage fields merged over training.main and mixing.proxy")
-    leave_one_out: bool | list[str] = Field(False, description="one arm per filter step left out (true: every "
-                                            "step the source's filter sets; or a list of steps)")
-    sweep: ThresholdSweep | None = None
-    tasks: list[ZeroShotTask] | None = Field(None, description="zero-shot tasks (None: evaluation.tasks)")
-    limit: int = Field(50, ge=1, description="items per zero-shot task")
-    eval_batches: int = Field(8, ge=1, description="global batches of each reference text per evaluation")
-
-    @model_validator(mode="after")
-    def _check(self):
-        split_launch("ablation.proxy", self.proxy)
-        return self

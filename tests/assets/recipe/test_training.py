@@ -1,4 +1,5 @@
-"""The recipe's training and mixing sections: stages merge over the one before and validate as the trainer does."""
+"""assets/recipe/training.py: the recipe's training section (stages merge over the one before and validate as the trainer
+does; their launch settings), and the mixing section's schedule."""
 
 import pytest
 from dagster import AssetKey
@@ -168,7 +169,7 @@ def test_a_stages_launch_settings_reach_its_trainer_command_and_leave_its_versio
     main_launch = {"launcher": "torchrun", "nproc_per_node": 2, "max_restarts": 1}
     assert launch == {"training/main": main_launch, "training/long_512": main_launch,
                       "training/anneal": {**main_launch, "nproc_per_node": 1},
-                      # a proxy's fixed thread count, given or not (assets/stages.py PROXY_THREADS)
+                      # a proxy's fixed thread count, given or not (assets/recipe/training.py PROXY_THREADS)
                       "mixing/mix_sweep": {"launcher": "python", "nproc_per_node": 1, "threads": 1, "max_restarts": 1}}
     # How the processes start is not what the stage makes: the same code versions as with no launch at all.
     assert launch_and_versions(nothing) == ({**{k: {} for k in launch}, "mixing/mix_sweep": {"threads": 1}}, versions)
