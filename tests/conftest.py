@@ -25,12 +25,12 @@ def share_the_cores_between_workers() -> None:
     models again (~3 s, ~4 s and more of CPU each, 10-20 s a command); in the worker they load once a session. The
     lineage test took 124 s of CPU that way and 54 s in process. tests/assets/runs/test_parallel.py passes --jobs 2
     for the pool. Likewise a data stage runs cores // workers tasks at once (PRETRAIN_CPUS), not one per core."""
-    from assets.runs.parallel import JOBS_ENV, THREADS_ENV, cpu_count
-    from resources.executor_env import CPUS_ENV
+    from assets.runs.parallel import JOBS_ENV, THREADS_ENV
+    from resources.executor_env import CPUS_ENV, available_cpus
 
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
     if workers > 1:
-        share = str(max(1, cpu_count() // workers))
+        share = str(max(1, available_cpus() // workers))
         os.environ.setdefault(THREADS_ENV, share)
         os.environ.setdefault(JOBS_ENV, share)
         os.environ.setdefault(CPUS_ENV, share)  # the local executor's tasks at once, by default (its share of CPUs)

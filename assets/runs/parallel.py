@@ -65,8 +65,6 @@ CPUS_TAG = "pretrain/cpus"  # set on a run that was given a share of the CPUs (P
 LAUNCH_METADATA = "launch"  # a trainer-starting asset's launch settings (over the launcher resource's defaults)
 
 
-cpu_count = available_cpus  # the CPUs this process may use (the scheduler shares them out)
-
 
 def trainer_cores(node) -> int | None:
     """The cores a run of this asset keeps busy where its settings fix them: a trainer's threads × processes per
@@ -75,13 +73,13 @@ def trainer_cores(node) -> int | None:
     if launch is None:
         return None
     launch = getattr(launch, "value", launch) or {}
-    return (launch.get("threads") or cpu_count()) * (launch.get("nproc_per_node") or 1)
+    return (launch.get("threads") or available_cpus()) * (launch.get("nproc_per_node") or 1)
 
 
 def default_jobs() -> int:
     """PRETRAIN_JOBS, else the number of CPUs this process may use."""
     raw = os.environ.get(JOBS_ENV)
-    return count_in(JOBS_ENV, raw, "steps at once") if raw else cpu_count()
+    return count_in(JOBS_ENV, raw, "steps at once") if raw else available_cpus()
 
 
 @dataclass
@@ -126,7 +124,7 @@ def materialize_parallel(defs, instance, keys: list, jobs: int, recipe_arg: str 
     can_overlap = any(graph.get(k).is_partitioned for k in keys) or any(
         b not in ancestors[a] and a not in ancestors[b] for i, a in enumerate(keys) for b in keys[i + 1:])
     jobs = max(1, jobs)
-    cores = cpu_count()
+    cores = available_cpus()
     threads_each = str(max(1, cores // jobs))
     fixed = {k: trainer_cores(graph.get(k)) for k in keys}  # a trainer's own cores, or None
     user_threads = os.environ.get(THREADS_ENV)

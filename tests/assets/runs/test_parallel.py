@@ -114,7 +114,8 @@ def test_a_trainer_runs_on_the_cores_its_launch_settings_give_it():
     """The scheduler counts a trainer's cores from its asset's `launch` metadata, never from what else runs."""
     from types import SimpleNamespace
 
-    from assets.runs.parallel import cpu_count, trainer_cores
+    from assets.runs.parallel import trainer_cores
+    from resources.executor_env import available_cpus
 
     def node(**metadata):
         return SimpleNamespace(metadata=metadata)
@@ -122,4 +123,4 @@ def test_a_trainer_runs_on_the_cores_its_launch_settings_give_it():
     assert trainer_cores(node()) is None  # not a trainer: it takes the share the scheduler gives it
     assert trainer_cores(node(launch={"threads": 1, "max_restarts": 2})) == 1  # a proxy
     assert trainer_cores(node(launch={"launcher": "torchrun", "nproc_per_node": 2, "threads": 3})) == 6
-    assert trainer_cores(node(launch={})) == cpu_count()  # no threads given: torch's default, every core
+    assert trainer_cores(node(launch={})) == available_cpus()  # no threads given: torch's default, every core
