@@ -47,7 +47,7 @@ from typing import Mapping
 from dagster import ConfigurableResource
 
 from pipelines.runner import LocalRunner, run_resumable, tasks_for
-from resources.executor_env import ExecutorEnvironment, Kind, given_cpus
+from resources.executor_env import ExecutorEnvironment, Kind, local_workers
 
 class ExecutorResource(ConfigurableResource):
     """How datatrove pipelines run: `local`, `ray` or `slurm` (see the module doc)."""
@@ -97,7 +97,7 @@ class ExecutorResource(ConfigurableResource):
 
     def local_workers(self) -> int:
         """How many tasks the local executor runs at once: `workers`, else the CPUs the run was given."""
-        return self.workers if self.workers is not None else given_cpus()
+        return local_workers(self.workers)
 
     def tasks_for(self, default: int) -> int:
         """The task count for a stage whose natural count is `default` (e.g. its input files): the resource's

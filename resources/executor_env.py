@@ -37,6 +37,12 @@ def given_cpus(env: Mapping[str, str] | None = None) -> int:
     return count_in(CPUS_ENV, raw, "CPUs") if raw else available_cpus()
 
 
+def local_workers(workers: int | None) -> int:
+    """How many tasks the local executor runs at once: `workers` (PRETRAIN_EXECUTOR_WORKERS) when set, else the CPUs
+    the run was given."""
+    return workers if workers is not None else given_cpus()
+
+
 def count_in(variable: str, raw: str, what: str) -> int:
     """The value `raw` of a count variable (PRETRAIN_CPUS, PRETRAIN_JOBS), else a ValueError naming it."""
     try:

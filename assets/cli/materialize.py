@@ -16,12 +16,12 @@ def start_local_helpers(args) -> None:
     (ExecutorResource.setup_for_execution). A bad variable is left to the resource, which names it when the run
     starts."""
     from pipelines.runner import LocalRunner
-    from resources.executor_env import ExecutorEnvironment, given_cpus
+    from resources.executor_env import ExecutorEnvironment, local_workers
 
     try:
         env = ExecutorEnvironment.read(os.environ)
         jobs = args.jobs or int(os.environ.get("PRETRAIN_JOBS") or 0)
-        workers = env.workers if env.workers is not None else given_cpus()
+        workers = local_workers(env.workers)
     except ValueError:
         return
     if env.kind == "local" and workers > 1 and jobs == 1:

@@ -61,9 +61,6 @@ def _spacy():
 
 def _tokenize_chunks(chunks: list[str]) -> None:
     """The words of each chunk (no whitespace in it), from one spaCy call on the chunks joined by spaces."""
-    if len(_CHUNK_WORDS) + len(chunks) > _MAX_CACHED_CHUNKS:
-        _CHUNK_WORDS.clear()
-        _WORD_FLAGS.clear()
     nlp = _spacy()
     joined = " ".join(chunks)
     starts, at = [], 0
@@ -89,14 +86,17 @@ def split_words(text: str) -> list[str]:
     if "IS_ALPHA" in text:  # a string that breaks spaCy's tokenizer: datatrove retries without it, its own way
         return list(split_into_words(text, Languages.english))
     chunks = text.split()
-    cache = _CHUNK_WORDS
-    missing = [chunk for chunk in dict.fromkeys(chunks) if chunk not in cache]
+    missing = [chunk for chunk in dict.fromkeys(chunks) if chunk not in _CHUNK_WORDS]
     if missing:
+        if len(_CHUNK_WORDS) + len(missing) > _MAX_CACHED_CHUNKS:
+            # Cleared when full, and then this text's chunks that were cached are missing too.
+            _CHUNK_WORDS.clear()
+            _WORD_FLAGS.clear()
+            missing = list(dict.fromkeys(chunks))
         _tokenize_chunks(missing)
-        cache = _CHUNK_WORDS
     words: list[str] = []
     for chunk in chunks:
-        words += cache[chunk]
+        words += _CHUNK_WORDS[chunk]
     return words
 
 

@@ -171,3 +171,18 @@ def test_every_rule_of_prose_is_in_the_code_version_of_the_steps_that_run_it():
     for setting in ("gopher_repetition", "gopher_quality", "fineweb"):
         assert "filters.prose:split_words" in STEP_CODE[setting]
     assert "filters.c4:_sentences" in STEP_CODE["c4"]
+
+
+def test_words_stay_datatrove_words_when_the_chunk_cache_fills(monkeypatch):
+    """The chunk cache is cleared when a text's new chunks would overfill it: that text's chunks cached before are
+    gone too, and are tokenized again with the new ones (a KeyError there once waited for the 500,000th chunk)."""
+    from pipelines.filters import prose
+
+    monkeypatch.setattr(prose, "_MAX_CACHED_CHUNKS", 8)
+    monkeypatch.setattr(prose, "_CHUNK_WORDS", {})
+    monkeypatch.setattr(prose, "_WORD_FLAGS", {})
+    texts = ["The cat sat on the mat.", "The dog (a big one) sat on the cat's mat, didn't it?",
+             "Mat, cat and dog: all sat on the mat again."]
+    for text in texts:
+        assert prose.split_words(text) == list(split_into_words(text, "en")), text
+        assert len(prose._CHUNK_WORDS) <= 8 + len(text.split())
