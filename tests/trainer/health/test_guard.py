@@ -20,6 +20,15 @@ def _feed(guard, steps):
     return out
 
 
+def test_a_large_grad_norm_on_a_step_that_lowers_the_loss_is_applied():
+    """The norm grows as a small model leaves its first plateau while the loss keeps falling (its update is clipped):
+    that is no spike. The same norm with the loss at or above its running average is one."""
+    guard = SpikeGuard(GuardConfig(warmup_steps=3, grad_norm_ratio=5.0))
+    v = _feed(guard, [(6.2, 0.5), (6.1, 0.5), (6.0, 0.5), (5.9, 5.0), (5.8, 5.0), (6.3, 50.0)])
+    assert [x.apply for x in v] == [True, True, True, True, True, False]
+    assert v[5].reason.startswith("grad-norm spike") and guard.skipped[0]["step"] == 5
+
+
 def test_non_finite_never_applied_even_during_warmup_or_disabled():
     for cfg in (GuardConfig(warmup_steps=100), GuardConfig(enabled=False)):
         guard = SpikeGuard(cfg)
