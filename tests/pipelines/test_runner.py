@@ -201,3 +201,22 @@ def test_a_pool_closed_while_its_helpers_still_start_ends_them_where_this_proces
         for p in helpers:  # a failed run leaves none behind
             if p.exitcode is None:
                 os.kill(p.pid, signal.SIGKILL)
+
+
+def _filter_models_loaded() -> tuple[bool, bool]:
+    """In a helper: whether spaCy's tokenizer and the toxicity model are in memory, without loading either."""
+    import sys
+
+    prose = sys.modules.get("pipelines.filters.prose")
+    return (prose is not None and prose._nlp is not None, "profanity_check" in sys.modules)
+
+
+def test_a_helper_has_the_filters_models_loaded_before_its_first_task():
+    """A filter stage's tasks need spaCy's tokenizer and the toxicity model (~4.5 s to load on one core): a helper
+    loads them as it starts, so with two workers the stage does not wait for that load in both processes."""
+    WorkerPool.close_all()
+    try:
+        pool = WorkerPool(1)
+        assert pool.pool.apply(_filter_models_loaded) == (True, True)  # the initializer ran before this call
+    finally:
+        WorkerPool.close_all()
