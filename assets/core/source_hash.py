@@ -2,6 +2,7 @@
 
     refs = ("assets.curation.raw_crawl",)               # a module: its text, and the engine modules it imports
     refs = ("pipelines.filters.pii:PiiScrubber,scrub_pii",)    # top-level definitions of a module, nothing else
+    refs = ("pipelines.filters.pii:*",)                 # every top-level definition of the module, nothing else
     refs = ("trainer",)                                  # a package: every module in it
     code_digest(refs)                                    # sha256 hex of those texts, as a multiset
     code_parts(refs)                                     # {module or "module:Name": the text hashed}, to look at
@@ -11,7 +12,11 @@ text (a lazy import in a function counts), found by reading the source with `ast
 asset modules it imports (keys, plots, the recipe) are not followed: an asset that builds with another asset
 module's code names it. A module also named with definitions (`mod:Name`) is left out of that closure: only
 the named definitions count, which is how a filtered asset depends on the filter steps its recipe uses and not
-on the others. An engine run in a subprocess (`python -m trainer`) is named as a package.
+on the others. `mod:*` names every top-level definition of the module (each function, class and assignment: the
+segments `mod:Name` hashes, for all its names): the module's code without its docstring and import lines, its
+imports not followed. A filtered asset names each filter step's module so (pipelines/filters/config.py STEP_CODE):
+a definition added there is in the step's version with no list of names to keep. An engine run in a subprocess
+(`python -m trainer`) is named as a package.
 
 What is hashed is the content, never where it lives, so that a pure move of a module (its file renamed, the
 import lines that name it rewritten, nothing else) leaves every code version as it was, and no materialization
@@ -76,8 +81,8 @@ def _digest(refs: tuple[str, ...], root: Path) -> str:
 
 def code_parts(refs, root: Path = ROOT) -> dict[str, str]:
     """{label: normalized source text} for `refs`: "pipelines.ingest.step" for a whole module,
-    "pipelines.filters.steps:Name" for one definition. `code_digest` hashes the texts (not the labels); a test
-    can list them."""
+    "pipelines.filters.pii:Name" for one definition (every one for "pipelines.filters.pii:*"). `code_digest`
+    hashes the texts (not the labels); a test can list them."""
     named: dict[str, set[str]] = {}
     modules: list[str] = []
     for ref in refs:
@@ -96,6 +101,8 @@ def code_parts(refs, root: Path = ROOT) -> dict[str, str]:
         pending.extend(followed)
     for module, names in named.items():
         segments = _module_definitions(module, root)
+        if "*" in names:  # every top-level definition
+            names = (names - {"*"}) | set(segments)
         for name in sorted(names):
             if name not in segments:
                 raise CodeRefError(f"code reference {module}:{name}: {module} has no top-level {name!r}")
@@ -225,7 +232,7 @@ def _module_definitions(module: str, root: Path) -> dict[str, str]:
 @lru_cache(maxsize=None)
 def _parsed_definitions(module: str, path: Path, mtime_ns: int, size: int) -> dict[str, str]:
     # Once per file and content, as _parsed_module: each source's filtered asset names the filter steps its recipe
-    # uses, and parsing pipelines/filters/steps.py again for every other set of names took 1.5 s of every load.
+    # uses, and parsing the filter modules again for every other set of names took 1.5 s of every load.
     # Kept normalized: every asset that names a definition hashes that text.
     text = _text(path)
     segments = _cached("definitions", module, text)

@@ -118,6 +118,27 @@ def test_named_definitions_take_in_only_their_own_text(tmp_path):
     assert code_digest(["pipelines.steps:other"], edited) != code_digest(["pipelines.steps:other"], tmp_path)
 
 
+def test_star_takes_in_every_top_level_definition_and_nothing_else(tmp_path):
+    """`mod:*` is `mod:Name` for every name the module defines: the same texts, its imports and docstring left
+    out and not followed; a definition added to the module is in it with no list to keep."""
+    write_tree(tmp_path, TREE)
+    every = "pipelines.steps:WORDS,run,other,decorated"
+    assert code_parts(["pipelines.steps:*"], tmp_path) == code_parts([every], tmp_path)
+    assert sorted(code_parts(["assets.thing", "pipelines.steps:*"], tmp_path)) == [  # pipelines.helpers not followed
+        "assets.thing", "pipelines.steps:WORDS", "pipelines.steps:decorated", "pipelines.steps:other",
+        "pipelines.steps:run"]
+    assert code_parts(["pipelines.steps:*,other"], tmp_path) == code_parts([every], tmp_path)
+    added = tmp_path / "added"
+    write_tree(added, {**TREE, "pipelines/steps.py": TREE["pipelines/steps.py"] + "\n\ndef new():\n    return 4\n"})
+    assert "pipelines.steps:new" in code_parts(["pipelines.steps:*"], added)
+    assert code_digest(["pipelines.steps:*"], added) != code_digest(["pipelines.steps:*"], tmp_path)
+    # Only definitions: an import line or the docstring edited leaves it as it was.
+    imports = tmp_path / "imports"
+    write_tree(imports, {**TREE, "pipelines/steps.py": '"""Doc."""\n' + TREE["pipelines/steps.py"].replace(
+        "import json", "import orjson as json")})
+    assert code_digest(["pipelines.steps:*"], imports) == code_digest(["pipelines.steps:*"], tmp_path)
+
+
 def test_a_package_is_every_module_in_it(tmp_path):
     write_tree(tmp_path, TREE)
     assert sorted(code_parts(["trainer"], tmp_path)) == ["trainer", "trainer.a", "trainer.sub", "trainer.sub.b"]
