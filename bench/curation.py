@@ -111,7 +111,7 @@ def run(recipe_path: Path, name: str, home: Path, rounds: int) -> None:
     from assets.curation.filtered import filtered_key, resolved_filter
     from assets.curation.quality_classifier import CLASSIFIER_KEY, MODEL_FILE
     from assets.curation.reference_lm import REFERENCE_KEY
-    from pipelines.filters.steps import filter_counts, filter_pipeline
+    from pipelines.filters.pipeline import filter_counts, filter_pipeline
 
     factory = Factory(str(recipe_path))
     source = factory.recipe.source(name)

@@ -119,7 +119,7 @@ def crawl_texts(max_records: int | None) -> list[str]:
     """Main texts of the crawl's pages that lid.176 labels other than English (as ingest reads and extracts)."""
     import fasttext
 
-    from pipelines.filters.steps import lid176_path
+    from pipelines.filters.language import lid176_path
     from pipelines.ingest.extraction import decode_text, extract_main_text
     from pipelines.ingest.config import ReaderConfig
     from pipelines.ingest.readers import read_inputs

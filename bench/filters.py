@@ -6,15 +6,15 @@ documents, for the demo's `web` and `c4` rule sets.
 The documents are each source's raw documents (the real ingest of its demo inputs: the 1,168 pages of the web crawl
 extracted, the 70 C4 and Dolma documents). A rule set is the source's recipe filter cut to the steps datatrove has
 (URL blocklist, language ID, Gopher repetition, Gopher quality, C4, FineWeb): the quality model, offensive language,
-perplexity and PII are ours alone and have no datatrove step to compare with. Our side is pipelines/filters/steps.py's
+perplexity and PII are ours alone and have no datatrove step to compare with. Our side is pipelines/filters/pipeline.py's
 filter_steps; datatrove's side runs the same URL and language steps (datatrove's, set up offline) and, for each rule we
-reimplement, datatrove's own step with the same settings (steps.py's datatrove_counterpart). Each document goes through
+reimplement, datatrove's own step with the same settings (pipeline.py's datatrove_counterpart). Each document goes through
 the steps in order until one drops it, on datatrove's side until our steps dropped it (the same documents reach each
 rule on both sides; C4's kept text is each side's own).
 
 Each side runs in a fresh process of its own, one after the other, one process each (its CPU time is the per-core
 figure, so a shared machine's load moves it little): the steps are built and warmed up on WARM_UP_DOCUMENTS paragraphs
-of wikitext-2 (the models and spaCy load; our word cache, pipelines/filters/prose.py, sees the common words, as a task
+of wikitext-2 (the models and spaCy load; our word cache, pipelines/filters/words.py, sees the common words, as a task
 has after its first documents), then every document is judged once; a word the warm-up did not have is tokenized on
 the clock. Measured on 2 cores: without the warm-up, ours on the 70 C4 documents was 1.9x datatrove (every word new),
 on the 1,168 web pages it made little difference. Best of `--rounds` pairs. Prints each rule set's documents per CPU second on both sides and their ratio, then
@@ -73,7 +73,7 @@ def passes(source_name: str, docs: list[dict]) -> list[int]:
     """How many of our steps each document passes (len(steps): kept): which documents reach each rule."""
     from datatrove.data import Document
 
-    from pipelines.filters.steps import filter_steps
+    from pipelines.filters.pipeline import filter_steps
 
     steps = filter_steps(rule_set(source_name), lists_root=REPO / "recipes")
     reached = []
@@ -100,7 +100,7 @@ def judge(side: str, source_name: str, docs: list[dict], reached: list[int], war
     """In a fresh process: (documents, CPU seconds) of one side judging every document once."""
     from datatrove.data import Document
 
-    from pipelines.filters.steps import datatrove_counterpart, filter_steps
+    from pipelines.filters.pipeline import datatrove_counterpart, filter_steps
 
     ours = filter_steps(rule_set(source_name), lists_root=REPO / "recipes")
     steps = ours if side == "ours" else [datatrove_counterpart(step) or step for step in ours]

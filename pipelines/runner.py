@@ -169,7 +169,7 @@ WARM_MODULES = ("numpy", "orjson", "datatrove.executor", "datatrove.pipeline.rea
 # helper starts with the run, on a core the run's own start-up leaves idle, so it takes its first task with both
 # loaded: a stage no longer waits for the same load in this process and in its helpers at once (bench/scale.py: a
 # 6-file filter stage at 1x, 12 s on one worker, sped up 1.54x on two where the rest of it could reach 2).
-WARM_CALLS = ("pipelines.filters.prose:_spacy", "pipelines.filters.toxicity:_load_predict_prob")
+WARM_CALLS = ("pipelines.filters.words:_spacy", "pipelines.filters.toxicity:_load_predict_prob")
 POLL_S = 0.05
 
 

@@ -1,5 +1,5 @@
 """`curation/<source>/filtered`: the source's raw_crawl documents through its recipe `filter` steps
-(pipelines/filters/steps.py), run by the executor resource.
+(pipelines/filters/pipeline.py), run by the executor resource.
 
 Kept documents are written under the name of the raw part they came from (part-*.jsonl.gz), PII replaced by
 typed placeholders; every dropped document goes to rejected-<step>-<part name> with metadata.filter_reason, and
@@ -66,13 +66,8 @@ def filter_code(config: FilterConfig) -> list[str]:
     names = [*PIPELINE_CODE]
     for step, code in STEP_CODE.items():
         if getattr(config, step) is not None:
-            names += code
-    own = [name for name in names if ":" not in name]
-    refs = [f"pipelines.filters.steps:{','.join(own)}", "pipelines.shards", "pipelines.runner"]
-    refs += [f"pipelines.{name}" for name in names if ":" in name]  # e.g. filters.config:DEFAULT_STOP_WORDS
-    if config.quality_model is not None:
-        refs.append("pipelines.filters.quality")
-    return refs
+            names += [name for name in code if name not in names]  # Gopher's two steps share their module
+    return [*(f"pipelines.{name}" for name in names), "pipelines.shards", "pipelines.runner"]
 
 
 def run_filter(inputs: Inputs, config: FilterConfig, out_dir: Path, *, raw: Output, model: Output | None,
@@ -80,7 +75,7 @@ def run_filter(inputs: Inputs, config: FilterConfig, out_dir: Path, *, raw: Outp
     """raw's documents through `config` (list paths resolved) on the executor into out_dir; the manifest's fields
     ("files", "counts", "seconds", "perplexity"). The filtered asset's build; a filter ablation's arm with a step
     left out or a setting changed runs it on the same raw output (assets/curation/ablation.py)."""
-    from pipelines.filters.steps import filter_counts, filter_pipeline
+    from pipelines.filters.pipeline import filter_counts, filter_pipeline
     work = inputs.work
     files = raw.files()  # read in place, from the store's folder or bucket: nothing is copied first
     model_path = None

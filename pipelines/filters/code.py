@@ -3,7 +3,7 @@
     step = CodeQualityFilter(CodeConfig(allowed_licenses=("MIT", "Apache-2.0", "none")))
     step.filter(Document(text=source, id="code/repo.tar.gz::pkg/mod.py"))   # True or (False, reason)
 
-Reasons (stats `dropped_<reason>`, pipelines/filters/steps.py's filter_counts):
+Reasons (stats `dropped_<reason>`, pipelines/filters/pipeline.py's filter_counts):
 - `code_long_line`, `code_alnum_fraction`: data blobs and binary-ish text;
 - `minified`: a `.min.` file name or a mean line length over max_mean_line_length;
 - `generated`: a generator header in the first lines (markers in CodeConfig) or a generated name (`_pb2.py`);

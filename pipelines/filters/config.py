@@ -1,4 +1,4 @@
-"""Filter settings: one kw-only dataclass per step of pipelines/filters/steps.py, composed into FilterConfig, and
+"""Filter settings: one kw-only dataclass per filter step (pipelines/filters/), composed into FilterConfig, and
 the recipe's `reference` section (ReferenceConfig: the text of the model the perplexity step scores with), and the
 code each setting turns on (STEP_CODE: what a filtered output's code version hashes).
 
@@ -283,42 +283,28 @@ for _settings in (UrlFilterConfig, LanguageConfig, GopherQualityConfig, GopherRe
     _settings.__pydantic_config__ = {"extra": "forbid"}
 
 
-# The code each step runs, by its setting (a FilterConfig field): top-level names of steps.py (a bare name) or of
-# another module under pipelines/ ("filters.c4:C4LineFilter") that a filtered output's version hashes, so that
-# editing one step's code makes stale only the sources whose filter uses it (assets/curation/filtered.py). A step
-# that is datatrove's own lists nothing here (the rules that reimplement datatrove's, prose.py, list their code).
-# Here, not in steps.py: the code location names them at load, and steps.py imports datatrove.
-#
-# The shared words of pipelines/filters/prose.py: every step there decides on them.
-_PROSE_WORDS = tuple(f"filters.prose:{name}" for name in (
-    "split_words", "_tokenize_chunks", "_spacy", "TextView", "view", "_MAX_CACHED_CHUNKS", "_RECENT"))
+# The code each step runs, by its setting (a FilterConfig field): modules under pipelines/ whose every top-level
+# definition ("filters.url:*") a filtered output's version hashes, or one definition ("filters.config:Name"), so that
+# editing a step's module makes stale exactly the sources whose filter uses it (assets/curation/filtered.py; a
+# module's imports and docstring are no part of it, assets/core/source_hash.py). A step's module holds its rules
+# and their private helpers; Gopher's two rule sets share gopher.py (one paper), so an edit there makes stale the
+# sources of either. The quality model's step (QualityModelFilter) is in pipeline.py, which every source hashes;
+# its scorer is quality.py. Here, not beside the steps: the code location names them at load, and they import
+# datatrove.
+_WORDS = "filters.words:*"  # the shared words (split_words, view): every step that decides on words
 STEP_CODE: dict[str, tuple[str, ...]] = {
-    "sample": ("SampleFilter",),
-    "url": ("UrlBlocklistFilter", "_well_formed_url", "_read_list_files"),
-    "language": ("LanguageIdFilter", "_OfflineLid176", "lid176_path"),
-    "gopher_repetition": (*_PROSE_WORDS, *(f"filters.prose:{name}" for name in (
-        "GopherRepetition", "_Windows", "top_duplicate", "all_duplicate", "_powers", "_P", "_B"))),
-    "gopher_quality": ("LanguageAwareGopherQuality", "_WORD", "filters.config:DEFAULT_STOP_WORDS", *_PROSE_WORDS,
-                       "filters.prose:GopherQuality", "filters.prose:_flags"),
-    "c4": tuple(f"filters.c4:{name}" for name in (
-        "C4LineFilter", "_sentences", "_rebuilt", "_INTERFACE_LABELS", "_KEPT", "_DROPPED", "_BLANK")),
-    "fineweb": (*_PROSE_WORDS, "filters.prose:FineWebQuality"),
-    "code": tuple(f"filters.code:{name}" for name in (
-        "CodeQualityFilter", "python_syntax", "detect_license", "_closing_bracket", "_older_line", "_name",
-        "_repository", "_MINIFIED_NAME", "_GENERATED_NAME", "_PYTHON_NAME", "_TEST_NAME", "_SPDX", "_LICENSE_TEXTS",
-        "_COMMENT_BREAK", "_COPYRIGHT", "_TYPE_PARAMS", "_TYPE_ALIAS", "_BARE_EXCEPT_TUPLE", "_FSTRING", "_MAX_REWRITES")),
-    "quality_model": ("QualityModelFilter",),
-    "toxicity": tuple(f"filters.toxicity:{name}" for name in (
-        "ToxicityFilter", "split_sentences", "judge", "_load_predict_prob", "_SENTENCE_BREAK", "_ALPHA_WORD",
-        "_BATCH_DOCUMENTS")),
-    "perplexity": tuple(f"filters.perplexity:{name}" for name in (
-        "PerplexityFilter", "ReferenceModel", "load_reference", "_LOADED", "read_reference_text",
-        "reference_paragraphs", "export", "main", "MODEL_FILE", "REFERENCE_FILE", "TOKENIZER_FILE", "EOS",
-        "_BATCH_DOCUMENTS", "_BATCH_WINDOWS", "_CHARS_PER_TOKEN")),
-    "pii": tuple(f"filters.pii:{name}" for name in (
-        "PiiScrubber", "scrub_pii", "_scan", "_Rule", "_RULES", "_OCTET", "_luhn", "_card", "_iban", "_b64_json",
-        "_jwt", "_ssn", "_VERSION_BEFORE", "_NAME_BEFORE", "_ADDRESS_WORDS", "_ipv4", "_issn", "_number_range", "_ipv6",
-        "_phone")),
+    "sample": ("filters.sample:*",),
+    "url": ("filters.url:*",),
+    "language": ("filters.language:*",),
+    "gopher_repetition": ("filters.gopher:*", _WORDS),
+    "gopher_quality": ("filters.gopher:*", _WORDS, "filters.config:DEFAULT_STOP_WORDS"),
+    "c4": ("filters.c4:*",),
+    "fineweb": ("filters.fineweb:*", _WORDS),
+    "code": ("filters.code:*",),
+    "quality_model": ("filters.quality:*",),
+    "toxicity": ("filters.toxicity:*",),
+    "perplexity": ("filters.perplexity:*",),
+    "pii": ("filters.pii:*",),
 }
-# What every source's filtering runs, whatever its steps (names in steps.py).
-PIPELINE_CODE = ("filter_steps", "filter_pipeline", "filter_counts")
+# What every source's filtering runs, whatever its steps: the steps' assembly, reader and writer.
+PIPELINE_CODE = ("filters.pipeline:*",)

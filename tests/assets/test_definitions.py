@@ -139,8 +139,9 @@ def test_editing_one_filter_step_makes_stale_only_the_filtered_sources_that_use_
     assert uses["quality_model"] == {f"curation/{name}/filtered" for name in ("web", "cc", "cc_wet")}
     assert changed_by_edit(tmp_path / "code", "pipelines.filters.code", 'return False, "code_long_line"',
                            'return False, "code_too_long_line"') == uses["code"]
-    assert changed_by_edit(tmp_path / "model", "pipelines.filters.steps", "doc.metadata[\"quality_score\"] = round(score, 4)",
-                           "doc.metadata[\"quality_score\"] = round(score, 3)") == uses["quality_model"]
+    # The quality model's scorer (quality.py): the filtered sources that score with it, and the classifier's own assets.
+    assert changed_by_edit(tmp_path / "model", "pipelines.filters.quality", "return self.scores([text])[0]",
+                           "return self.scores([text])[-1]") == uses["quality_model"] | {"curation/quality_classifier"}
     assert changed_by_edit(tmp_path / "pii", "pipelines.filters.pii", "return 8 <= sum(ch.isdigit() for ch in match.group(0)) <= 15",
                            "return 7 <= sum(ch.isdigit() for ch in match.group(0)) <= 15") == uses["pii"]
 

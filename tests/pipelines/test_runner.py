@@ -207,8 +207,8 @@ def _filter_models_loaded() -> tuple[bool, bool]:
     """In a helper: whether spaCy's tokenizer and the toxicity model are in memory, without loading either."""
     import sys
 
-    prose = sys.modules.get("pipelines.filters.prose")
-    return (prose is not None and prose._nlp is not None, "profanity_check" in sys.modules)
+    words = sys.modules.get("pipelines.filters.words")
+    return (words is not None and words._nlp is not None, "profanity_check" in sys.modules)
 
 
 def test_a_helper_has_the_filters_models_loaded_before_its_first_task():

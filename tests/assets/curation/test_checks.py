@@ -24,7 +24,7 @@ from assets.cli import main
 from assets.recipe import DEMO_RECIPE, ChecksConfig
 import pipelines.decontam.steps
 from pipelines.decontam.index import BenchmarkIndex
-from pipelines.filters.steps import CodeConfig, FilterConfig, LanguageConfig, PiiConfig
+from pipelines.filters.config import CodeConfig, FilterConfig, LanguageConfig, PiiConfig
 from storage.local import LocalStore
 
 SOURCE = "pages"

@@ -13,7 +13,7 @@ from dagster import AssetCheckKey, AssetKey, DagsterInstance
 from assets.cli import main
 from assets.curation.checks import DOCUMENTS_CHECK, validate_documents
 from assets.recipe import DEMO_RECIPE
-from pipelines.filters.steps import FilterConfig, LanguageConfig
+from pipelines.filters.config import FilterConfig, LanguageConfig
 
 # The filter stage and what it reads; later stages (dedup, decontamination) are not this test's subject.
 STAGE = "curation/*/raw_crawl,curation/*/filtered,curation/quality_classifier"

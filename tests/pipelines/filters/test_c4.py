@@ -11,7 +11,7 @@ from datatrove.pipeline.filters import C4QualityFilter
 from assets.recipe import load_recipe
 from pipelines.filters.c4 import C4LineFilter
 from pipelines.filters.config import C4Config
-from pipelines.filters.steps import filter_pipeline
+from pipelines.filters.pipeline import filter_pipeline
 from pipelines.runner import LocalRunner
 from pipelines.shards import iter_documents
 

@@ -12,7 +12,8 @@ from datatrove.data import Document
 from assets.recipe import load_recipe
 from pipelines.filters.code import CodeQualityFilter, detect_license, python_syntax
 from pipelines.filters.config import CodeConfig, GopherQualityConfig
-from pipelines.filters.steps import LanguageAwareGopherQuality, filter_steps
+from pipelines.filters.gopher import LanguageAwareGopherQuality
+from pipelines.filters.pipeline import filter_steps
 from pipelines.ingest.step import ingest_source
 from pipelines.shards import iter_documents
 

@@ -28,7 +28,7 @@ from pipelines.filters.perplexity import (
     read_reference_text,
     reference_paragraphs,
 )
-from pipelines.filters.steps import filter_pipeline
+from pipelines.filters.pipeline import filter_pipeline
 from pipelines.ingest.warc import WarcEntry, read_warc
 from pipelines.runner import LocalRunner
 from pipelines.shards import iter_documents

@@ -11,7 +11,7 @@ import pytest
 from datatrove.data import Document
 
 from pipelines.filters.config import FilterConfig, ToxicityConfig
-from pipelines.filters.steps import filter_counts, filter_pipeline
+from pipelines.filters.pipeline import filter_counts, filter_pipeline
 from pipelines.filters.toxicity import ToxicityFilter, judge, split_sentences
 from pipelines.runner import LocalRunner
 from pipelines.shards import iter_documents

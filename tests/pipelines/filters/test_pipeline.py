@@ -1,8 +1,9 @@
-"""The filter engine on real documents: drop reasons, languages, the quality model (code: test_code.py)."""
+"""The filter pipeline on real documents: drop reasons, languages, sampling (code: test_code.py); and each step's
+code version takes in exactly the modules the step runs (pipelines/filters/config.py STEP_CODE)."""
 
-import ast
 import gzip
 import json
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -10,22 +11,22 @@ import pytest
 from datatrove.data import Document
 from datatrove.pipeline.filters import GopherQualityFilter
 
+from assets.core.source_hash import code_digest
 from pipelines.runner import LocalRunner
-from pipelines.filters.config import STEP_CODE
-from pipelines.filters.steps import (
+from pipelines.filters.config import (
+    PIPELINE_CODE,
+    STEP_CODE,
     C4Config,
     FilterConfig,
     FineWebConfig,
     GopherQualityConfig,
     GopherRepetitionConfig,
-    LanguageAwareGopherQuality,
     LanguageConfig,
     SampleConfig,
     UrlFilterConfig,
-    filter_counts,
-    filter_pipeline,
-    lid176_path,
 )
+from pipelines.filters.gopher import LanguageAwareGopherQuality
+from pipelines.filters.pipeline import filter_counts, filter_pipeline
 from pipelines.ingest.step import ingest_source
 from pipelines.ingest.config import ReaderConfig
 from pipelines.shards import iter_documents
@@ -62,11 +63,6 @@ def run_filters(config: FilterConfig, docs: list[dict], tmp_path: Path, model_pa
     kept = [d for p in sorted(out.glob("part-*.jsonl.gz")) for d in iter_documents(p)]
     rejected = [d for p in sorted(out.glob("rejected-*.jsonl.gz")) for d in iter_documents(p)]
     return kept, rejected, filter_counts(logs)
-
-
-def test_lid_model_is_the_local_wheel_file():
-    path = lid176_path()
-    assert path.name == "lid.176.ftz" and path.stat().st_size > 500_000
 
 
 def test_pipeline_keeps_clean_documents_unchanged_and_counts_every_drop(shared_data, tmp_path):
@@ -188,7 +184,7 @@ def test_filter_engine_imports_no_dagster_and_its_settings_no_datatrove():
     code = (
         "import sys, pipelines.filters.config, pipelines.filters.quality\n"
         "assert 'datatrove' not in sys.modules  # a recipe is read before anything heavy is imported\n"
-        "import pipelines.filters.steps\n"
+        "import pipelines.filters.pipeline\n"
         "assert not [m for m in sys.modules if m == 'dagster' or m.startswith('dagster.')]\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
@@ -202,7 +198,7 @@ def test_filtered_parts_are_byte_reproducible(tmp_path):
     from datatrove.data import Document
     from datatrove.pipeline.writers import JsonlWriter
 
-    import pipelines.filters.steps  # noqa: F401  (registers the reproducible gzip)
+    import pipelines.filters.pipeline  # noqa: F401  (registers the reproducible gzip)
 
     digests = []
     for attempt in range(2):
@@ -214,18 +210,66 @@ def test_filtered_parts_are_byte_reproducible(tmp_path):
     assert digests[0] == digests[1]
 
 
-# Top-level names of a filter's own module that no filtered output depends on (the documents check's reader of PII).
-NOT_RUN_BY_THE_STEP = {"pii": {"find_pii"}}
+# A line of one definition of each filter module, and an edit of it: {module: (old, new)}.
+EDITS = {
+    "sample": ('(False, "sample")', '(False, "sampled_out")'),
+    "url": ('return False, "url_malformed"', 'return False, "url_bad"'),
+    "language": ('return False, "language"', 'return False, "lang"'),
+    "words": ('word = token.text.strip()', 'word = token.text.strip(" ")'),
+    "gopher": ('return False, "gopher_short_doc"', 'return False, "gopher_short"'),
+    "fineweb": ('return False, "list_ratio"', 'return False, "lists"'),
+    "c4": ('return False, "too_few_sentences"', 'return False, "few_sentences"'),
+    "code": ('return False, "code_long_line"', 'return False, "code_too_long_line"'),
+    "quality": ("return self.scores([text])[0]", "return self.scores([text])[-1]"),
+    "config": ('"en": ("the", "be", "to",', '"en": ("the", "a", "to",'),
+    "pipeline": ('"in": int(', '"read": int('),
+}
+# Which steps run each module's code ("pipeline": every source's filtering, PIPELINE_CODE).
+USERS = {"sample": {"sample"}, "c4": {"c4"}, "code": {"code"}, "quality": {"quality_model"},
+         "config": {"gopher_quality"},  # its stop-word lists; the settings are the recipe's part of a version
+         "url": {"url"}, "language": {"language"}, "fineweb": {"fineweb"},
+         "words": {"gopher_repetition", "gopher_quality", "fineweb"}, "gopher": {"gopher_repetition", "gopher_quality"},
+         "pipeline": {"pipeline"}}
 
 
-@pytest.mark.parametrize("setting", sorted(setting for setting, refs in STEP_CODE.items()
-                                           if refs and all(ref.startswith(f"filters.{setting}:") for ref in refs)))
-def test_every_definition_of_a_filters_own_module_is_in_its_code_version(setting):
-    """Editing any rule of a filter that has a module of its own (pii.py, c4.py, code.py, toxicity.py) makes the
-    filtered outputs of the sources that use it stale (assets/curation/filtered.py): STEP_CODE names every top-level
-    definition of that module."""
-    tree = ast.parse((REPO / "pipelines" / "filters" / f"{setting}.py").read_text())
-    names = {t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
-             for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)}
-    names |= {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
-    assert {ref.partition(":")[2] for ref in STEP_CODE[setting]} == names - NOT_RUN_BY_THE_STEP.get(setting, set())
+def step_versions(root: Path) -> dict[str, str]:
+    """{step: the code digest of what it names in STEP_CODE} and "pipeline": PIPELINE_CODE's, read under root."""
+    refs = {step: code for step, code in STEP_CODE.items()} | {"pipeline": PIPELINE_CODE}
+    return {step: code_digest([f"pipelines.{ref}" for ref in code], root) for step, code in refs.items()}
+
+
+def copy_of_the_engines(tmp_path: Path) -> Path:
+    shutil.copytree(REPO / "pipelines", tmp_path / "pipelines", ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
+
+
+@pytest.mark.parametrize("module", sorted(USERS))
+def test_editing_a_filter_module_changes_the_code_version_of_exactly_the_steps_that_use_it(module, tmp_path):
+    """An edit of any definition of a step's module makes stale the filtered outputs of the sources whose filter runs
+    that step and no others (assets/curation/filtered.py hashes STEP_CODE's modules of the steps a source turns on)."""
+    copy = copy_of_the_engines(tmp_path)
+    path = copy / "pipelines" / "filters" / f"{module}.py"
+    old, new = EDITS[module]
+    assert path.read_text().count(old) == 1, old
+    path.write_text(path.read_text().replace(old, new))
+    before, after = step_versions(REPO), step_versions(copy)
+    assert {step for step in before if before[step] != after[step]} == USERS[module]
+
+
+def test_a_definition_added_to_a_step_module_is_in_its_code_version(tmp_path):
+    """No list of names to keep: a helper added to url.py is in the url step's version, in no other step's."""
+    copy = copy_of_the_engines(tmp_path)
+    path = copy / "pipelines" / "filters" / "url.py"
+    path.write_text(path.read_text() + "\n\n_SCHEMES = (\"http\", \"https\")\n")
+    before, after = step_versions(REPO), step_versions(copy)
+    assert {step for step in before if before[step] != after[step]} == {"url"}
+
+
+def test_every_filter_module_is_in_some_steps_code_version():
+    """Each module of pipelines/filters/ that runs in a step is named by the steps that run it (the settings and
+    the package's docstring aside)."""
+    named = {ref.partition(":")[0] for code in (*STEP_CODE.values(), PIPELINE_CODE) for ref in code}
+    modules = {f"filters.{p.stem}" for p in (REPO / "pipelines" / "filters").glob("*.py") if p.stem != "__init__"}
+    assert modules - named == set()
+    assert all(ref.endswith(":*") for code in (*STEP_CODE.values(), PIPELINE_CODE) for ref in code
+               if not ref.startswith("filters.config:"))

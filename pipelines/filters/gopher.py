@@ -1,131 +1,37 @@
-"""datatrove's prose rules (Gopher repetition and quality, FineWeb quality) with datatrove's verdicts, several times
-faster: the words of a document are found once and shared by every step, and repetition is counted on hashes.
+"""Gopher's two rule sets (Rae et al. 2021, one paper): repetition (GopherRepetition) and quality (GopherQuality,
+and LanguageAwareGopherQuality, the step the pipeline runs: its stop-word rule per document language). Each is
+datatrove's step, its settings, attributes, reasons and stats, with datatrove's verdicts, several times faster: the
+words are found once and shared (words.py), repetition is counted on hashes, each word's tests are cached.
+tests/pipelines/filters/test_gopher.py runs both over every document of the demo's sources and compares each verdict.
 
-    words = split_words(text)        # == datatrove's split_into_words(text) (spaCy's English tokenizer), cached
-    GopherRepetition(...).filter(doc), GopherQuality(...).filter(doc), FineWebQuality(...).filter(doc)
-
-Each step subclasses datatrove's (the same settings, attributes, reasons and stats) and overrides `filter` only;
-tests/pipelines/filters/test_prose.py runs both over every document of the demo's sources and compares each verdict.
-
-Where the time went in datatrove (profiled on the demo's 1,168 web pages, 5 KB each, ~45 ms a page for the web rule
-set): spaCy's tokenizer, 60% of it, because datatrove tokenizes inside a spaCy memory zone, so every word's lexeme is
-built again in every document; the n-gram rules joining and hashing millions of strings; C4's sentence counting
-(pipelines/filters/c4.py).
-
-- **Words.** spaCy (datatrove's blank English tokenizer, without the lexical attributes no boundary depends on) splits
-  the text on whitespace (Python's str.isspace, as str.split does) and tokenizes each whitespace-free chunk on its
-  own, the same way wherever it stands (its own cache is keyed by the chunk). So the
-  words of a text are the chunks' tokens in order: each chunk is tokenized once per process (those a document has
-  that are not cached yet, in one spaCy call) and kept in a bounded cache; words repeat (Zipf), so most documents
-  need no spaCy at all. The last few texts' analyses are kept by identity, so the steps of one document share them.
 - **Repetition.** An n-gram is compared as datatrove compares it, by the string its words make ("".join for the
   duplicated n-grams, " ".join for the top ones), through a polynomial hash of that string computed with numpy for
   every window at once; a hash shared by two windows is checked on the strings themselves, and any collision
   falls back to datatrove's own code for that document, so the verdicts are exact, not probable.
+- **Stop words.** Gopher's stop-word rule is English (it drops most German pages), so LanguageAwareGopherQuality takes
+  the stop words from a per-language table (config.py DEFAULT_STOP_WORDS, or the recipe's) by metadata.language, and
+  a document whose language has no list skips that one rule, never the others.
 """
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 from datatrove.data import Document
-from datatrove.pipeline.filters import FineWebQualityFilter, GopherQualityFilter, GopherRepetitionFilter
+from datatrove.pipeline.filters import GopherQualityFilter, GopherRepetitionFilter
 from datatrove.pipeline.filters.gopher_repetition_filter import (
     find_all_duplicate,
     find_duplicates,
     find_top_duplicate,
     get_n_grams,
 )
-from datatrove.utils.text import PUNCTUATION_SET, split_into_words
-from datatrove.utils.typeshelper import Languages
+from datatrove.utils.text import PUNCTUATION_SET
 
-_MAX_CACHED_CHUNKS = 500_000  # whitespace-free chunks -> their words; cleared when full (memory stays bounded)
-_CHUNK_WORDS: dict[str, tuple[str, ...]] = {}
-_WORD_FLAGS: dict[str, tuple[bool, bool]] = {}  # word -> (not all punctuation, has a letter): Gopher's tests
-_RECENT = 4  # analyses kept, by text identity: one document's steps share its words
-_recent: list[tuple[str, "TextView"]] = []
-_nlp = None
+from pipelines.filters.config import DEFAULT_STOP_WORDS, GopherQualityConfig
+from pipelines.filters.words import _WORD_FLAGS, view
 
-
-def _spacy():
-    """spaCy's tokenizer of the blank English pipeline, datatrove's (spacy.blank("en")), without the lexical attributes
-    (shape, like_num, ... computed for every new word: 40% of its time) that no word boundary depends on."""
-    global _nlp
-    if _nlp is None:
-        import spacy
-
-        nlp = spacy.blank("en")
-        nlp.vocab.lex_attr_getters = {}
-        _nlp = nlp
-    return _nlp
-
-
-def _tokenize_chunks(chunks: list[str]) -> None:
-    """The words of each chunk (no whitespace in it), from one spaCy call on the chunks joined by spaces."""
-    nlp = _spacy()
-    joined = " ".join(chunks)
-    starts, at = [], 0
-    for chunk in chunks:
-        starts.append(at)
-        at += len(chunk) + 1
-    found: list[list[str]] = [[] for _ in chunks]
-    with nlp.memory_zone():  # the words' lexemes are freed after: the vocabulary does not grow with the corpus
-        doc = nlp.tokenizer(joined)
-        i = 0
-        for token in doc:
-            while i + 1 < len(starts) and token.idx >= starts[i + 1]:
-                i += 1
-            word = token.text.strip()  # datatrove's strip_strings
-            if word:
-                found[i].append(word)
-    for chunk, words in zip(chunks, found):
-        _CHUNK_WORDS[chunk] = tuple(words)
-
-
-def split_words(text: str) -> list[str]:
-    """datatrove's split_into_words(text) (English), from the chunk cache."""
-    if "IS_ALPHA" in text:  # a string that breaks spaCy's tokenizer: datatrove retries without it, its own way
-        return list(split_into_words(text, Languages.english))
-    chunks = text.split()
-    missing = [chunk for chunk in dict.fromkeys(chunks) if chunk not in _CHUNK_WORDS]
-    if missing:
-        if len(_CHUNK_WORDS) + len(missing) > _MAX_CACHED_CHUNKS:
-            # Cleared when full, and then this text's chunks that were cached are missing too.
-            _CHUNK_WORDS.clear()
-            _WORD_FLAGS.clear()
-            missing = list(dict.fromkeys(chunks))
-        _tokenize_chunks(missing)
-    words: list[str] = []
-    for chunk in chunks:
-        words += _CHUNK_WORDS[chunk]
-    return words
-
-
-class TextView:
-    """One text's words, computed once and shared by the steps that look at it."""
-
-    __slots__ = ("text", "_words")
-
-    def __init__(self, text: str):
-        self.text = text
-        self._words: list[str] | None = None
-
-    @property
-    def words(self) -> list[str]:
-        if self._words is None:
-            self._words = split_words(self.text)
-        return self._words
-
-
-def view(text: str) -> TextView:
-    """The analysis of `text`, shared while it is among the last few asked for (same object, not equal text: a
-    step that rewrites doc.text gets a new one)."""
-    for seen, found in _recent:
-        if seen is text:
-            return found
-    found = TextView(text)
-    _recent.insert(0, (text, found))
-    del _recent[_RECENT:]
-    return found
+_WORD = re.compile(r"\w+")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -298,24 +204,37 @@ class GopherQuality(GopherQualityFilter):
         return True
 
 
-class FineWebQuality(FineWebQualityFilter):
-    """datatrove's FineWebQualityFilter, its verdicts, on shared words."""
+class LanguageAwareGopherQuality(GopherQuality):
+    """Gopher's quality rules with the stop-word rule per document language (metadata.language, from LID)."""
 
-    name = "🍷 FineWeb quality (shared words)"
+    name = "🥇 Gopher quality (per-language stop words)"
 
-    def filter(self, doc: Document) -> bool | tuple[bool, str]:
-        text = doc.text
-        lines = [line for line in text.split("\n") if line.strip() != ""]
-        if len(lines) == 0:
-            return False, "empty"
-        ratio = sum(1 for line in lines if line.endswith(self.stop_chars)) / len(lines)
-        if ratio < self.line_punct_thr and not (ratio == 0 and self.line_punct_exclude_zero):
-            return False, "line_punct_ratio"
-        ratio = sum(1 for line in lines if len(line) <= self.short_line_length) / len(lines)
-        if ratio > self.short_line_threshold:
-            return False, "short_line_ratio"
-        if find_duplicates(lines)[1] / len(text.replace("\n", "")) > self.char_duplicates_ratio:
-            return False, "char_dup_ratio"
-        if text.count("\n") / len(view(text).words) > self.new_line_ratio:
-            return False, "list_ratio"
+    def __init__(self, config: GopherQualityConfig, exclusion_writer=None):
+        super().__init__(
+            min_doc_words=config.min_doc_words,
+            max_doc_words=config.max_doc_words,
+            min_avg_word_length=config.min_avg_word_length,
+            max_avg_word_length=config.max_avg_word_length,
+            max_symbol_word_ratio=config.max_symbol_word_ratio,
+            max_bullet_lines_ratio=config.max_bullet_lines_ratio,
+            max_ellipsis_lines_ratio=config.max_ellipsis_lines_ratio,
+            max_non_alpha_words_ratio=config.max_non_alpha_words_ratio,
+            min_stop_words=None,  # applied below, per language
+            exclusion_writer=exclusion_writer,
+        )
+        table = DEFAULT_STOP_WORDS if config.stop_words is None else config.stop_words
+        self.stop_words_by_language = {lang: frozenset(w.lower() for w in words) for lang, words in table.items()}
+        self.required_stop_words = config.min_stop_words
+
+    def filter(self, doc: Document):
+        verdict = super().filter(doc)
+        if verdict is not True or not self.required_stop_words:
+            return verdict
+        # A source without language ID is taken to be English, as Gopher's rule assumes.
+        stop_words = self.stop_words_by_language.get(doc.metadata.get("language", "en"))
+        if stop_words is None:
+            return True
+        found = stop_words.intersection(_WORD.findall(doc.text.lower()))
+        if len(found) < self.required_stop_words:
+            return False, "gopher_enough_stop_words"
         return True

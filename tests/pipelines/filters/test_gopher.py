@@ -1,10 +1,8 @@
-"""The fast prose rules (pipelines/filters/prose.py, and C4's in c4.py) give datatrove's verdicts, document for
-document, on every document of the demo's sources that reaches them; and their code is in the filtered outputs'
-code versions."""
+"""The fast prose rules (pipelines/filters/gopher.py and fineweb.py on the words of words.py, and C4's in c4.py) give
+datatrove's verdicts, document for document, on every document of the demo's sources that reaches them."""
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import functools
 from pathlib import Path
@@ -17,17 +15,15 @@ from spacy.attrs import ORTH
 
 from assets.recipe import load_recipe
 from pipelines.filters.c4 import C4LineFilter
-from pipelines.filters.config import STEP_CODE
-from pipelines.filters.prose import split_words
-from pipelines.filters.steps import LanguageAwareGopherQuality, datatrove_counterpart, filter_steps
+from pipelines.filters.gopher import LanguageAwareGopherQuality
+from pipelines.filters.pipeline import datatrove_counterpart, filter_steps
+from pipelines.filters.words import split_words
 from pipelines.ingest.step import ingest_source
 from pipelines.inputs import expand_inputs
 from pipelines.shards import iter_documents
 from tests.conftest import REPO
 
 DEMO = REPO / "recipes" / "demo.yaml"
-# The process state of prose.py (caches, the loaded tokenizer, power tables): no rule, so no part of a code version.
-PROSE_STATE = {"_CHUNK_WORDS", "_WORD_FLAGS", "_recent", "_nlp", "_pow", "_inv"}
 
 
 _NLP = load_word_tokenizer("en")  # datatrove's English word tokenizer (a blank spaCy pipeline with a sentencizer)
@@ -157,32 +153,3 @@ def test_words_are_datatrove_words(demo_documents):
     for text in texts:
         assert split_words(text) == split_into_words(text), text[:200]
         assert split_words(text) == split_words(text)  # from the cache the second time
-
-
-def test_every_rule_of_prose_is_in_the_code_version_of_the_steps_that_run_it():
-    """Editing any rule of prose.py makes stale the filtered outputs of the sources whose steps use it: STEP_CODE
-    names every top-level definition but the process's caches, and each step names the shared word code."""
-    tree = ast.parse((REPO / "pipelines" / "filters" / "prose.py").read_text())
-    names = {t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
-             for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)}
-    names |= {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
-    named = {ref.partition(":")[2] for refs in STEP_CODE.values() for ref in refs if ref.startswith("filters.prose:")}
-    assert named == names - PROSE_STATE
-    for setting in ("gopher_repetition", "gopher_quality", "fineweb"):
-        assert "filters.prose:split_words" in STEP_CODE[setting]
-    assert "filters.c4:_sentences" in STEP_CODE["c4"]
-
-
-def test_words_stay_datatrove_words_when_the_chunk_cache_fills(monkeypatch):
-    """The chunk cache is cleared when a text's new chunks would overfill it: that text's chunks cached before are
-    gone too, and are tokenized again with the new ones (a KeyError there once waited for the 500,000th chunk)."""
-    from pipelines.filters import prose
-
-    monkeypatch.setattr(prose, "_MAX_CACHED_CHUNKS", 8)
-    monkeypatch.setattr(prose, "_CHUNK_WORDS", {})
-    monkeypatch.setattr(prose, "_WORD_FLAGS", {})
-    texts = ["The cat sat on the mat.", "The dog (a big one) sat on the cat's mat, didn't it?",
-             "Mat, cat and dog: all sat on the mat again."]
-    for text in texts:
-        assert prose.split_words(text) == list(split_into_words(text, "en")), text
-        assert len(prose._CHUNK_WORDS) <= 8 + len(text.split())

