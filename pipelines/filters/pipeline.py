@@ -70,7 +70,7 @@ class QualityModelFilter(BaseFilter):
 def datatrove_counterpart(step: PipelineStep) -> PipelineStep | None:
     """datatrove's own step that `step` reimplements (Gopher repetition and quality, C4, FineWeb), with the same
     settings (the attributes datatrove's __init__ sets, copied from ours); None for any other step. What the verdict
-    test (tests/pipelines/filters/test_prose.py) and bench/filters.py run beside ours. Our Gopher quality step adds a
+    test (tests/pipelines/filters/test_gopher.py) and bench/filters.py run beside ours. Our Gopher quality step adds a
     stop-word rule per language after datatrove's rules: the counterpart has datatrove's rules only."""
     from datatrove.pipeline.filters import (
         C4QualityFilter,
