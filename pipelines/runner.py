@@ -167,8 +167,9 @@ WARM_MODULES = ("numpy", "orjson", "datatrove.executor", "datatrove.pipeline.rea
 # Then called (module:function), for the filter stage, the slowest to start: its tasks load spaCy's tokenizer (with
 # torch, through thinc) and the toxicity model (with scikit-learn) on their first document, ~4.5 s on one core. A
 # helper starts with the run, on a core the run's own start-up leaves idle, so it takes its first task with both
-# loaded: a stage no longer waits for the same load in this process and in its helpers at once (bench/scale.py: a
-# 6-file filter stage at 1x, 12 s on one worker, sped up 1.54x on two where the rest of it could reach 2).
+# loaded: a stage no longer waits for the same load in this process and in its helpers at once (bench/scale.py, a
+# 6-file filter stage at 1x, ~13 s on one worker: sped up 1.54x on two before, 1.70x with it, where two processes of
+# bare Python ran 1.77x on that machine).
 WARM_CALLS = ("pipelines.filters.words:_spacy", "pipelines.filters.toxicity:_load_predict_prob")
 POLL_S = 0.05
 
