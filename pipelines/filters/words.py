@@ -32,7 +32,20 @@ def _spacy():
     (shape, like_num, ... computed for every new word: 40% of its time) that no word boundary depends on."""
     global _nlp
     if _nlp is None:
-        import spacy
+        import sys
+
+        # spaCy imports thinc, which imports torch when it can: 1.0 s of the 1.7 s spaCy took to load, for neural
+        # layers a tokenizer never runs (a filter task, or a helper as it starts, loads it). torch is hidden while
+        # spaCy loads, unless this process has it already; thinc then notes it absent and `import torch` works as
+        # ever after. (Another thread importing torch in that ~0.6 s would fail: no filter process has one.)
+        hide = "torch" not in sys.modules
+        if hide:
+            sys.modules["torch"] = None  # an import of it raises ImportError
+        try:
+            import spacy
+        finally:
+            if hide and sys.modules.get("torch", 0) is None:
+                del sys.modules["torch"]
 
         nlp = spacy.blank("en")
         nlp.vocab.lex_attr_getters = {}

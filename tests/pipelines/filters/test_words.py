@@ -24,3 +24,17 @@ def test_words_stay_datatrove_words_when_the_chunk_cache_fills(monkeypatch):
     for text in texts:
         assert words.split_words(text) == list(split_into_words(text, "en")), text
         assert len(words._CHUNK_WORDS) <= 8 + len(text.split())
+
+
+def test_spacy_loads_without_torch_and_torch_still_imports_after():
+    """spaCy's thinc imports torch when it can (1 s of the 1.7 s spaCy took to load); the words' tokenizer loads
+    with torch hidden, in a fresh process, and torch imports as ever once it has."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    probe = ("import sys; from pipelines.filters import words; words._spacy(); loaded = 'torch' in sys.modules; "
+             "import torch; print(loaded, float(torch.ones(3).sum()), words.split_words(\"It's 3.5 kg.\"))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False 3.0 ['It', \"'s\", '3.5', 'kg', '.']"
