@@ -105,12 +105,14 @@ class LocalRunner:
     process), for `tasks` tasks per stage when set, else each stage's own count. The run()/tasks_for() of
     ExecutorResource, for engine code and tests that run without Dagster.
 
-    With W workers, this process is one of them and W - 1 are spawned helpers (a WorkerPool kept for the life of
-    this process and reused by every phase and stage): the tasks are claimed one at a time from a shared counter,
-    so this process starts at once while the helpers start up, and a helper that is slow or late takes fewer.
-    Spawning a Python process that imports datatrove costs ~0.6 s on 2 cores; paid once per process, not per
-    phase (a dedup stage has four), it no longer decides the speed of short stages. `warm()` starts the helpers
-    ahead of the first run (the executor resource calls it when a run starts).
+    With W >= 2 workers, W spawned helpers (a WorkerPool kept for the life of this process and reused by every
+    phase and stage) claim the tasks one at a time from a shared counter, and this process waits for them, as
+    datatrove's own local executor does. `warm()` starts the helpers ahead of the first run (the executor resource
+    calls it when a run starts, `pretrain materialize` before it loads the code location): a helper imports
+    datatrove and loads the filter stage's models (WARM_CALLS) while the run starts, on cores its start-up leaves
+    idle, so no task of the stage waits for a model load, and the run's own process never holds the models.
+    When this process was a worker too it loaded them on its first filter task, ~3 s of one core inside the
+    stage, which kept a 2-worker filter stage at the machine's own 2-process speed-up (bench/scale.py).
 
     Not LocalPipelineExecutor.run(): it forks a multiprocess Manager from this process even for one worker, and
     a fork of a threaded process (a Dagster run, a test session with a Ray or S3 client) can deadlock in the child
@@ -129,7 +131,7 @@ class LocalRunner:
     def warm(self) -> None:
         """Start this runner's helper processes now (in the background: this returns at once)."""
         if self.workers > 1:
-            WorkerPool.get(self.workers - 1)
+            WorkerPool.get(self.workers)
 
     def run(self, pipeline: list, *, logging_dir: Path, tasks: int) -> Path:
         from datatrove.executor import LocalPipelineExecutor
@@ -139,21 +141,20 @@ class LocalRunner:
                                              logging_dir=str(logging_dir), skip_completed=True)
             ranks = executor.get_incomplete_ranks(range(tasks))
             executor.save_executor_as_json()
-            helpers = min(self.workers, len(ranks)) - 1
-            if helpers <= 0:
+            if self.workers == 1:
                 for rank in ranks:
                     _run_task(executor, pipeline, rank, 0)
                 return
-            WorkerPool.get(self.workers - 1).run(executor, pipeline, ranks, helpers)
+            WorkerPool.get(self.workers).run(executor, pipeline, ranks, helpers=min(self.workers, len(ranks)))
 
         return run_resumable(launch, logging_dir=logging_dir, tasks=tasks)
 
 
 def _run_task(executor, pipeline: list, rank: int, local_rank: int) -> None:
-    """One task: a fresh copy of the steps (their stats start at zero), datatrove's run for that rank. The task runs
-    on a copy of the executor: the caller's is still being pickled for the helpers by the pool's own thread while
-    this process runs its first task, and a pipeline set on it mid-run (a writer with an open gzip stream) did not
-    pickle (seen in the suite under load: "cannot pickle 'zlib.Compress' object")."""
+    """One task: a fresh copy of the steps (their stats start at zero), datatrove's run for that rank, on a copy of
+    the executor: the run sets its pipeline on the executor (with a writer's open gzip stream), and the one given
+    here must stay as it was, to pickle for the next helper's job (seen in the suite under load: "cannot pickle
+    'zlib.Compress' object")."""
     from copy import copy, deepcopy
 
     executor = copy(executor)
@@ -164,18 +165,16 @@ def _run_task(executor, pipeline: list, rank: int, local_rank: int) -> None:
 # Imported by each helper as it starts (before its first task arrives): what every stage's tasks need.
 WARM_MODULES = ("numpy", "orjson", "datatrove.executor", "datatrove.pipeline.readers", "datatrove.pipeline.writers",
                 "pipelines.shards")
-# Then called (module:function), for the filter stage, the slowest to start: its tasks load spaCy's tokenizer (with
-# torch, through thinc) and the toxicity model (with scikit-learn) on their first document, ~4.5 s on one core. A
-# helper starts with the run, on a core the run's own start-up leaves idle, so it takes its first task with both
-# loaded: a stage no longer waits for the same load in this process and in its helpers at once (bench/scale.py, a
-# 6-file filter stage at 1x, ~13 s on one worker: sped up 1.54x on two before, 1.70x with it, where two processes of
-# bare Python ran 1.77x on that machine).
+# Then called (module:function), for the filter stage, the slowest to start: its tasks load spaCy's tokenizer and
+# the toxicity model on their first document (0.65 s on one core, 3 s before they were read without torch and
+# scikit-learn). A helper starts with the run, on a core the run's own start-up leaves idle, so it takes its first
+# task with both loaded.
 WARM_CALLS = ("pipelines.filters.words:_spacy", "pipelines.filters.toxicity:_load_predict_prob")
 POLL_S = 0.05
 
 
 class WorkerPool:
-    """`size` spawned helper processes that claim the tasks of a run from a counter they share with this process.
+    """`size` spawned helper processes that claim the tasks of a run from a counter they share.
     One pool per size per process (`get`), kept until the process exits; a pool whose helper died is replaced."""
 
     _pools: dict[int, "WorkerPool"] = {}
@@ -223,13 +222,13 @@ class WorkerPool:
             pass
 
     def run(self, executor, pipeline: list, ranks: list[int], helpers: int) -> None:
-        """Run the tasks `ranks` on `helpers` helpers and this process; raise the first task's error, after every
-        other task has run (a stage run again then has only the failed ones to do)."""
+        """Run the tasks `ranks` on `helpers` of the helpers; raise the first task's error, after every other task
+        has run (a stage run again then has only the failed ones to do)."""
         with self.busy:
             self.next.value = 0
             job = (executor, pipeline, list(ranks), dict(os.environ), os.getcwd())
             pending = [self.pool.apply_async(_helper_claims, job) for _ in range(helpers)]
-            errors = _claim_tasks(self.next, executor, pipeline, ranks, local_rank=0)
+            errors: list[BaseException] = []
             for result in pending:
                 while not result.ready():
                     if not self.healthy():

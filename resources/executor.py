@@ -8,8 +8,9 @@ One method for every kind, so moving a stage to a cluster changes no asset code:
   `workers` (PRETRAIN_EXECUTOR_WORKERS) when set, else the CPUs the run was given, read when it runs
   (resources/executor_env.py's given_cpus: all this process may use, or its share when `pretrain materialize` runs
   several assets at once). With one worker it runs them in this process, one after another (no process start-up,
-  no pickling of the steps); with W, in this process and W - 1 spawned helpers that start when the run does and
-  serve every phase of it (spawning needs the `if __name__ == "__main__":` guard in any script that ends up here).
+  no pickling of the steps); with W, in W spawned helpers that start when the run does (loading the filter's
+  models while it starts) and serve every phase of it, while this process waits (spawning needs the
+  `if __name__ == "__main__":` guard in any script that ends up here).
   Outputs never depend on W (see below), so the default costs no reproducibility.
 - `ray` runs datatrove's RayPipelineExecutor on the Ray cluster at `ray_address` (None: a one-node cluster
   started in this process), `workers` tasks at once, each reserving `cpus_per_task` CPUs.

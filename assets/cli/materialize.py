@@ -10,8 +10,9 @@ from assets.cli.factory import Factory, UsageError
 
 def start_local_helpers(args) -> None:
     """With the local executor at W > 1 workers (PRETRAIN_EXECUTOR_WORKERS, else the run's CPUs: the resource's
-    default), start its W - 1 helper processes now, in the background: they take ~0.7 s to import datatrove, which
-    then overlaps the ~2 s of loading Dagster and the code location instead of the first stage's tasks. Only when
+    default), start its W helper processes now, in the background: they take ~0.7 s to import datatrove and ~0.65 s
+    to load the filter's models, which then overlaps the ~2 s of loading Dagster and the code location instead of
+    the first stage's tasks. Only when
     the runs execute in this process (one job); parallel jobs' worker processes start their own as their runs begin
     (ExecutorResource.setup_for_execution). A bad variable is left to the resource, which names it when the run
     starts."""

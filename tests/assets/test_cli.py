@@ -129,7 +129,7 @@ def test_a_source_past_its_bad_fraction_fails_and_commits_nothing(tmp_path, monk
 
 
 @pytest.mark.parametrize(("env", "jobs", "started"), [
-    ({"PRETRAIN_EXECUTOR_WORKERS": "2"}, "1", True),  # the runs execute in this process: its helper starts now
+    ({"PRETRAIN_EXECUTOR_WORKERS": "2"}, "1", True),  # the runs execute in this process: its helpers start now
     ({"PRETRAIN_EXECUTOR_WORKERS": "2"}, "2", False),  # parallel jobs: each worker process starts its own
     ({"PRETRAIN_EXECUTOR_WORKERS": "1"}, "1", False),  # one worker: the tasks run in this process, no helper
     ({"PRETRAIN_EXECUTOR_WORKERS": "2", "PRETRAIN_EXECUTOR": "ray"}, "1", False),
@@ -153,10 +153,10 @@ def test_materialize_starts_the_local_helpers_before_dagster_loads(monkeypatch, 
     monkeypatch.setenv("PRETRAIN_JOBS", jobs)
     try:
         start_local_helpers(build_parser().parse_args(["materialize", "--select", "curation/web/raw_crawl"]))
-        pool = WorkerPool._pools.get(1)
-        assert (pool is not None) == started
+        pool = WorkerPool._pools.get(2)  # two workers: two helpers
+        assert (pool is not None) == started and len(WorkerPool._pools) == int(started)
         if started:
-            assert len(pool.processes) == 1 and pool.healthy()
+            assert len(pool.processes) == 2 and pool.healthy()
     finally:
         WorkerPool.close_all()
 
