@@ -110,7 +110,8 @@ class LocalRunner:
     datatrove's own local executor does. `warm()` starts the helpers ahead of the first run (the executor resource
     calls it when a run starts, `pretrain materialize` before it loads the code location): a helper imports
     datatrove and loads the filter stage's models (WARM_CALLS) while the run starts, on cores its start-up leaves
-    idle, so no task of the stage waits for a model load, and the run's own process never holds the models.
+    idle, so no task of the stage waits for a model load, and the run's own process never holds the models. A run
+    on a pool nobody warmed waits for its start (~1.3 s on 2 cores), once per process.
     When this process was a worker too it loaded them on its first filter task, ~3 s of one core inside the
     stage, which kept a 2-worker filter stage at the machine's own 2-process speed-up (bench/scale.py).
 
