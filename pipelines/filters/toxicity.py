@@ -99,7 +99,7 @@ class _LinearToxicityModel:
                     "tokenizer": None, "strip_accents": None, "binary": False, "norm": "l2", "use_idf": True,
                     "sublinear_tf": False}
         changed = {key: vectorizer.get(key) for key, value in settings.items() if vectorizer.get(key) != value}
-        if changed or model.get("method") != "sigmoid":  # what __call__ computes would no longer be the model
+        if changed or model.get("method") != "sigmoid":  # what score() computes would no longer be the model
             raise RuntimeError(f"alt-profanity-check's model is not the one this scorer reads: vectorizer "
                                f"{changed}, calibration {model.get('method')!r}")
         svms = []
