@@ -124,10 +124,10 @@ class HoldsAnOpenStream(PipelineStep):
         yield from data or []
 
 
-def test_a_task_leaves_the_executor_it_was_given_as_it_was_so_the_helpers_job_still_pickles(tmp_path):
-    """The pool's own thread pickles the executor for the helpers while this process runs its first task: a task
-    that set its running copy of the steps on that executor made it unpicklable (an open gzip stream), which
-    failed a suite run under load with "cannot pickle 'zlib.Compress' object"."""
+def test_a_task_leaves_the_executor_it_was_given_as_it_was_for_the_next_task(tmp_path):
+    """A helper runs task after task on one executor: a task that set its running copy of the steps on it (a
+    writer's open gzip stream) would hand the next task used steps, and made the steps unpicklable for the next
+    run's job ("cannot pickle 'zlib.Compress' object", seen in the suite under load when the executor was sent)."""
     import dill
     from datatrove.executor import LocalPipelineExecutor
 
@@ -136,7 +136,35 @@ def test_a_task_leaves_the_executor_it_was_given_as_it_was_so_the_helpers_job_st
     _run_task(executor, pipeline, 0, 0)
     assert (tmp_path / "0.gz").exists()  # the task ran
     assert executor.pipeline is pipeline and not hasattr(pipeline[0], "stream")
-    dill.loads(dill.dumps(executor))  # what the pool sends a helper
+    dill.loads(dill.dumps(pipeline))  # what the pool sends a helper with the next run
+
+
+def test_with_two_workers_this_process_never_imports_datatroves_executor(tmp_path):
+    """The helpers build the executor (they imported it as they started): the run's own process skips datatrove.io,
+    fsspec and huggingface_hub, a third of a second of a one-second stage. One executor.json is written, as datatrove
+    writes it."""
+    import subprocess
+    import sys
+
+    script = f"""
+import sys
+from datatrove.pipeline.base import PipelineStep
+from pipelines.runner import LocalRunner, stat_totals
+
+class Count(PipelineStep):
+    name = "count"
+    def run(self, data, rank=0, world_size=1):
+        self.stat_update("ran")
+        yield from data or []
+
+stats = LocalRunner(workers=2).run([Count()], logging_dir={str(tmp_path / "logs")!r}, tasks=3)
+print(stat_totals(stats)["ran"], "datatrove.executor" in sys.modules, "fsspec" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["3", "False", "False"]
+    assert json.loads((tmp_path / "logs" / "executor.json").read_text())["world_size"] == 3
 
 
 def test_a_helper_that_dies_fails_the_run_naming_it_and_the_next_run_gets_a_new_one(tmp_path):
