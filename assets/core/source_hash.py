@@ -18,21 +18,26 @@ imports not followed. A filtered asset names each filter step's module so (pipel
 a definition added there is in the step's version with no list of names to keep. An engine run in a subprocess
 (`python -m trainer`) is named as a package.
 
-What is hashed is the content, never where it lives, so that a pure move of a module (its file renamed, the
-import lines that name it rewritten, nothing else) leaves every code version as it was, and no materialization
-turns stale for it:
-  - module names are no part of the digest: it is the sha256 of the sorted sha256s of the parts' texts, a
-    multiset (two modules with the same text count twice; a module empty after normalization counts nothing, so
-    a new package's empty __init__.py adds nothing). A definition (`mod:Name`) is its source segment alone;
-  - every import statement of the project's own packages (PROJECT_PACKAGES), at the top or inside a function,
-    absolute or relative, is hashed in a canonical form that keeps what it binds and drops where from:
-    `from trainer.checkpoint.store import LocalCheckpoints, local_step as step` and `from .store import
-    LocalCheckpoints, local_step as step` both hash as `from <project> import LocalCheckpoints, local_step as
-    step` (on one line, at the statement's indentation, whatever the line breaks of a parenthesized import);
-    `import trainer.model` as `import trainer` (the name it binds), `import trainer.model as tm` as
-    `import <project> as tm`. Imports of anything else (torch, json) are hashed as written.
+What is hashed is the content, never where it lives, so that a pure move (a module's file renamed, or definitions
+moved from one module to another, or a module split in parts, with only import lines rewritten) leaves every code
+version as it was, and no materialization turns stale for it:
+  - the digest is the sha256 of the sorted sha256s of the code's top-level statements, a multiset: a whole module
+    counts each of its top-level statements (a function or class with its decorators, an assignment, an `if`
+    block), never its name, its module docstring, the comments between statements, or the order of its
+    statements; a definition (`mod:Name`) is its source segment. Two copies of a statement count twice; a module
+    of nothing but imports and a docstring counts nothing, so a new package's __init__.py adds nothing;
+  - top-level imports are what they bind, as a set over the whole closure: `from pydantic import BaseModel, Field`
+    is `from pydantic import BaseModel` and `from pydantic import Field`, whichever modules import them and however
+    often (a module split in two imports pydantic twice). Imports of anything else (torch, json) are hashed as
+    written, alias for alias;
+  - an import of the project's own packages (PROJECT_PACKAGES), at the top or inside a function, absolute or
+    relative, binds a name to the project's definition of that name, whose text the closure hashes: it counts only
+    for an alias (`from trainer.checkpoint.store import local_step as step` and `from .store import local_step as
+    step` both hash as `from <project> import local_step as step`; `import trainer.model as tm` as `import
+    <project> as tm`); a plain `from trainer.config import RunConfig` counts nothing, wherever RunConfig moves.
+    What this cannot see: two definitions of one name in one closure, and an import switched from one to the other.
 Which engine modules a module pulls in is still found from the real import names. A change of what is imported
-(another name, another alias) or of any other line changes the digest.
+from outside the project or under which alias, or of any line of a statement, changes the digest.
 
 Source text, never bytecode: the same files give the same digest on every machine and Python version. Line
 endings are normalized; the path a module was read from is no part of it.
@@ -73,16 +78,24 @@ def code_digest(refs, root: Path = ROOT) -> str:
 
 @lru_cache(maxsize=None)
 def _digest(refs: tuple[str, ...], root: Path) -> str:
-    # The labels (module names) are left out: only the texts, as a sorted multiset of their sha256s.
+    # The labels (module names) are left out: the statements' texts as a sorted multiset of their sha256s, then
+    # the top-level imports' bindings as a set.
+    parts = _parts(refs, root).values()
     hashes = sorted(hashlib.sha256(text.encode()).hexdigest()
-                    for text in code_parts(refs, root).values() if text.strip())
-    return hashlib.sha256("\n".join(hashes).encode()).hexdigest()
+                    for part in parts for text in part["statements"] if text.strip())
+    bindings = sorted({binding for part in parts for binding in part["bindings"]})
+    return hashlib.sha256("\n".join(hashes + [""] + bindings).encode()).hexdigest()
 
 
 def code_parts(refs, root: Path = ROOT) -> dict[str, str]:
     """{label: normalized source text} for `refs`: "pipelines.ingest.step" for a whole module,
     "pipelines.filters.pii:Name" for one definition (every one for "pipelines.filters.pii:*"). `code_digest`
-    hashes the texts (not the labels); a test can list them."""
+    hashes their statements and imports (not the labels); a test can list them."""
+    return {label: part["text"] for label, part in _parts(refs, root).items()}
+
+
+def _parts(refs, root: Path) -> dict[str, dict]:
+    """{label: {"text", "statements", "bindings"}} for `refs` (see code_parts)."""
     named: dict[str, set[str]] = {}
     modules: list[str] = []
     for ref in refs:
@@ -91,7 +104,7 @@ def code_parts(refs, root: Path = ROOT) -> dict[str, str]:
             named.setdefault(module, set()).update(n.strip() for n in names.split(",") if n.strip())
         else:
             modules.extend(_package_modules(module, root) or [module])
-    parts: dict[str, str] = {}
+    parts: dict[str, dict] = {}
     pending = list(modules)
     while pending:
         module = pending.pop()
@@ -106,12 +119,13 @@ def code_parts(refs, root: Path = ROOT) -> dict[str, str]:
         for name in sorted(names):
             if name not in segments:
                 raise CodeRefError(f"code reference {module}:{name}: {module} has no top-level {name!r}")
-            parts[f"{module}:{name}"] = segments[name]
+            parts[f"{module}:{name}"] = {"text": segments[name], "statements": [segments[name]], "bindings": []}
     return parts
 
 
-def _module_part(module: str, root: Path) -> tuple[str, tuple[str, ...]]:
-    """A whole module's normalized text and the engine modules it imports (from the real import names)."""
+def _module_part(module: str, root: Path) -> tuple[dict, tuple[str, ...]]:
+    """A whole module's part ({"text", "statements", "bindings"}) and the engine modules it imports (from the real
+    import names)."""
     path = _path(module, root)
     if path is None:
         raise CodeRefError(f"code reference {module}: no module {module} under {root}")
@@ -120,7 +134,7 @@ def _module_part(module: str, root: Path) -> tuple[str, tuple[str, ...]]:
 
 
 @lru_cache(maxsize=None)
-def _parsed_module(module: str, root: Path, path: Path, mtime_ns: int, size: int) -> tuple[str, tuple[str, ...]]:
+def _parsed_module(module: str, root: Path, path: Path, mtime_ns: int, size: int) -> tuple[dict, tuple[str, ...]]:
     # Once per file and content in a process: the definitions' 40 assets name overlapping closures (the whole
     # trainer package for each training stage), and parsing each module for every one took 3.2 s of every load of
     # the code location. Keyed by the file's mtime and size, so an edited file is read again.
@@ -128,11 +142,52 @@ def _parsed_module(module: str, root: Path, path: Path, mtime_ns: int, size: int
     parsed = _cached("module", module, text)
     if parsed is None:
         tree = ast.parse(text)  # a module that does not parse raises, naming its line
-        parsed = {"text": _normalized(text, tree), "imports": _imported_names(module, tree)}
+        statements, bindings = _top_level(text, tree)
+        parsed = {"text": _normalized(text, tree), "statements": statements, "bindings": bindings,
+                  "imports": _imported_names(module, tree)}
         _keep("module", module, text, parsed)
     # Which imported names are modules under root is asked each time: a module added beside it changes it.
     followed = tuple(name for name in parsed["imports"] if _path(name, root) is not None)
-    return parsed["text"], followed
+    part = {key: parsed[key] for key in ("text", "statements", "bindings")}
+    return part, followed
+
+
+def _top_level(text: str, tree: ast.Module) -> tuple[list[str], list[str]]:
+    """(statements, bindings) of a module: the normalized text of each top-level statement but the docstring and
+    the imports (a definition from its first decorator to its last line), and what the top-level imports bind."""
+    lines = text.split("\n")
+    body = tree.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]  # the module docstring: a split module's parts each have their own
+    statements, bindings = [], []
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            bindings.extend(_bindings(node))
+            continue
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        statements.append(normalize_imports("\n".join(lines[first - 1: node.end_lineno])))
+    return statements, bindings
+
+
+def _bindings(node: ast.Import | ast.ImportFrom) -> list[str]:
+    """A top-level import statement as one canonical import per name it binds; a project import only where it
+    binds an alias (the module docstring)."""
+    if isinstance(node, ast.ImportFrom):
+        project = bool(node.level) or (node.module or "").split(".")[0] in PROJECT_PACKAGES
+        source = PROJECT if project else node.module
+        return [f"from {source} import {_bound(alias, alias.name)}" for alias in node.names
+                if alias.asname or not project]
+    return [f"import {_bound(alias, PROJECT if _is_project(alias.name) else alias.name)}" for alias in node.names
+            if alias.asname or not _is_project(alias.name)]
+
+
+def _is_project(name: str) -> bool:
+    return name.split(".")[0] in PROJECT_PACKAGES
+
+
+def _bound(alias: ast.alias, name: str) -> str:
+    return f"{name} as {alias.asname}" if alias.asname else name
 
 
 def normalize_imports(text: str) -> str:
@@ -154,30 +209,29 @@ def _normalized(text: str, tree: ast.AST) -> str:
     for node in sorted(statements, key=lambda n: (n.lineno, n.col_offset), reverse=True):
         first, last = lines[node.lineno - 1].encode(), lines[node.end_lineno - 1].encode()
         # ast's column offsets count UTF-8 bytes.
-        line = first[: node.col_offset].decode() + _canonical(node) + last[node.end_col_offset:].decode()
-        lines[node.lineno - 1: node.end_lineno] = [line]
+        before, canonical, after = first[: node.col_offset].decode(), _canonical(node), last[node.end_col_offset:].decode()
+        if not canonical and not before.strip() and (not after.strip() or after.strip().startswith("#")):
+            # An import that binds nothing to hash, alone on its lines: the lines go, comment and all, so that one
+            # import split in two (a module split in parts) reads the same.
+            lines[node.lineno - 1: node.end_lineno] = []
+        else:
+            lines[node.lineno - 1: node.end_lineno] = [before + canonical + after]
     return "\n".join(lines)
 
 
 def _canonical(node: ast.Import | ast.ImportFrom) -> str | None:
-    """The canonical text of an import statement of the project's packages; None for any other import."""
-    def bound(alias: ast.alias, name: str) -> str:
-        return f"{name} as {alias.asname}" if alias.asname else name
-
+    """The canonical text of an import statement of the project's packages (what it binds under an alias; empty
+    when it binds none); None for any other import."""
     if isinstance(node, ast.ImportFrom):
-        if not node.level and (node.module or "").split(".")[0] not in PROJECT_PACKAGES:
+        if not node.level and not _is_project(node.module or ""):
             return None
-        return f"from {PROJECT} import " + ", ".join(bound(alias, alias.name) for alias in node.names)
-    if not any(alias.name.split(".")[0] in PROJECT_PACKAGES for alias in node.names):
+        aliased = [_bound(alias, alias.name) for alias in node.names if alias.asname]
+        return f"from {PROJECT} import " + ", ".join(aliased) if aliased else ""
+    if not any(_is_project(alias.name) for alias in node.names):
         return None
-    names = []
-    for alias in node.names:
-        top = alias.name.split(".")[0]
-        if top not in PROJECT_PACKAGES:
-            names.append(bound(alias, alias.name))  # `import json` next to a project import: as written
-        else:  # `import trainer.model` binds `trainer`; `import trainer.model as tm` binds `tm`
-            names.append(bound(alias, PROJECT) if alias.asname else top)
-    return "import " + ", ".join(names)
+    names = [_bound(alias, PROJECT if _is_project(alias.name) else alias.name) for alias in node.names
+             if alias.asname or not _is_project(alias.name)]  # `import json` beside a project import: as written
+    return "import " + ", ".join(names) if names else ""
 
 
 def _path(module: str, root: Path) -> Path | None:

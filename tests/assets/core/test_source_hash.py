@@ -40,10 +40,11 @@ def test_a_module_takes_in_the_engine_modules_it_imports_but_not_other_asset_mod
     parts = code_parts(["assets.thing"], tmp_path)
     assert sorted(parts) == ["assets.thing", "pipelines.helpers", "pipelines.steps"]  # not assets.keys, nor json
     assert parts["pipelines.helpers"] == TREE["pipelines/helpers.py"]
-    # What is hashed has the project's import lines without their module paths; json's import is as written.
-    assert parts["assets.thing"].startswith("from <project> import run\nfrom <project> import KEY\n\ndef build()")
+    # What is hashed has no plain import of the project's own code (it binds a name to the definition the closure
+    # hashes), at the top or in a function; json's import is as written.
+    assert parts["assets.thing"].startswith("\ndef build()")
     assert "import json\n" in parts["pipelines.steps"]
-    assert "    from <project> import helper  # lazy: still followed\n" in parts["pipelines.steps"]
+    assert "def run():\n    return helper()\n" in parts["pipelines.steps"]
     # The digest is the texts' alone: the same texts under other module names give the same digest.
     renamed = {"assets/__init__.py": "", "assets/other.py": TREE["assets/thing.py"], "pipelines/__init__.py": "",
                "pipelines/run_steps.py": TREE["pipelines/steps.py"],
@@ -81,7 +82,7 @@ def test_what_an_import_binds_and_any_other_line_are_part_of_the_digest(tmp_path
     write_tree(tmp_path / "before", TREE)
     before = code_digest(["assets.thing"], tmp_path / "before")
     other_names = {**TREE, "pipelines/steps.py": TREE["pipelines/steps.py"].replace(
-        "import helper  #", "import helper, other  #")}
+        "import helper  #", "import other as helper  #")}
     write_tree(tmp_path / "names", other_names)
     assert code_digest(["assets.thing"], tmp_path / "names") != before
     alias = {**TREE, "assets/thing.py": TREE["assets/thing.py"].replace("import KEY", "import KEY as K")}
@@ -94,6 +95,37 @@ def test_what_an_import_binds_and_any_other_line_are_part_of_the_digest(tmp_path
     third_party = {**TREE, "pipelines/steps.py": TREE["pipelines/steps.py"].replace("import json", "import orjson as json")}
     write_tree(tmp_path / "third_party", third_party)
     assert code_digest(["assets.thing"], tmp_path / "third_party") != before
+
+
+def test_a_module_split_in_two_keeps_the_digest_and_so_do_its_docstring_comments_and_order(tmp_path):
+    """Definitions moved to a module of their own (the split's imports copied, the importers' import lines
+    rewritten), a module docstring, a comment between statements, the order of the statements: none of them is
+    code an output depends on."""
+    write_tree(tmp_path / "before", TREE)
+    before = code_digest(["assets.thing"], tmp_path / "before")
+    split = {**TREE,
+             "pipelines/steps.py": '"""Running."""\nimport json\nfrom pipelines.rest import other, decorated\n\n'
+                                   "# the words\nWORDS = ('a', 'b')\n\n\n"
+                                   "def run():\n    from pipelines.helpers import helper  # lazy: still followed\n"
+                                   "    return helper()\n",
+             "pipelines/rest.py": '"""The rest."""\nimport json\n\n\n@staticmethod\ndef decorated():\n    return 3\n\n\n'
+                                  "def other():\n    return 2\n"}
+    write_tree(tmp_path / "split", split)
+    assert "pipelines.rest" in code_parts(["assets.thing"], tmp_path / "split")
+    assert code_digest(["assets.thing"], tmp_path / "split") == before
+    # A lazy import split in two, one per module the names now come from, is the one import it was.
+    lazy = {**split, "pipelines/steps.py": split["pipelines/steps.py"].replace(
+        "    from pipelines.helpers import helper  # lazy: still followed\n",
+        "    from pipelines.helpers import helper\n    from pipelines.rest import other  # lazy\n")}
+    write_tree(tmp_path / "lazy", lazy)
+    assert code_digest(["assets.thing"], tmp_path / "lazy") == before
+    # What it cannot hide: a third-party import that was not there, and a statement's own text.
+    other_import = {**split, "pipelines/rest.py": split["pipelines/rest.py"].replace("import json", "import re")}
+    write_tree(tmp_path / "other_import", other_import)
+    assert code_digest(["assets.thing"], tmp_path / "other_import") != before
+    decorator = {**split, "pipelines/rest.py": split["pipelines/rest.py"].replace("@staticmethod", "@classmethod")}
+    write_tree(tmp_path / "decorator", decorator)
+    assert code_digest(["assets.thing"], tmp_path / "decorator") != before
 
 
 def test_the_texts_are_a_multiset(tmp_path):
