@@ -2,7 +2,7 @@
 
 training/main: the main stage on the chosen mixture (mixing/mixture_weights; the prior when the recipe
     has no mixing section), from scratch.
-training/<later stage>: each starts from an earlier stage's final checkpoint (assets/stages.py): continue_from
+training/<later stage>: each starts from an earlier stage's final checkpoint (assets/recipe/training.py): continue_from
     continues that run (weights, optimizer state, step and token count: a long-context stage at its own low
     LR, an anneal decaying the WSD schedule from the branch point on its own mixture), init_from takes its
     weights only (a fresh optimizer and schedule). Its own mixture, sequence length, RoPE base, length filter.
@@ -12,7 +12,7 @@ under checkpoints/<stage>/<version key>/: the version key is fixed by the stage'
 so a retried or re-materialized asset resumes from that run's latest checkpoint instead of starting
 over, and a changed input starts a new run. A trainer that dies is restarted by the launcher itself (up to
 its max_restarts, resuming each time; the restarts go into the metadata); the RetryPolicy below covers
-the rest (the store, the inputs). A stage's `launch:` settings (assets/stages.py) override the launcher
+the rest (the store, the inputs). A stage's `launch:` settings (assets/recipe/training.py) override the launcher
 resource's defaults for that stage and are not part of its version. The lineage of every input goes
 into the run config and so into every checkpoint manifest. This module never imports torch.
 """

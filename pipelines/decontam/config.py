@@ -1,6 +1,6 @@
 """The recipe's `decontamination` section (DecontamConfig), apart from the index and its scan (index.py).
 
-Kept apart so that reading a recipe and loading the code location (assets/recipe.py) import neither numpy nor
+Kept apart so that reading a recipe and loading the code location (assets/recipe/) import neither numpy nor
 datatrove: every `pretrain` command and every load of the code location by the UI or the daemon reads the recipe.
 """
 

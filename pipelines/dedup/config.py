@@ -1,7 +1,7 @@
 """The recipe's `dedup` section (DedupConfig): which rule, exact and near, and the MinHash LSH banding.
 
 Kept apart from the algorithm (minhash.py) so that reading a recipe and loading the code location
-(assets/recipe.py) import neither numpy nor xxhash.
+(assets/recipe/) import neither numpy nor xxhash.
 """
 
 from __future__ import annotations

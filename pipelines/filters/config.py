@@ -2,7 +2,7 @@
 the recipe's `reference` section (ReferenceConfig: the text of the model the perplexity step scores with), and the
 code each setting turns on (STEP_CODE: what a filtered output's code version hashes).
 
-Kept apart from the steps so that reading a recipe (assets/recipe.py) and loading the code location do not import
+Kept apart from the steps so that reading a recipe (assets/recipe/) and loading the code location do not import
 datatrove: every `pretrain` command validates the recipe first, and the UI and the daemon load the code location
 again and again.
 """

@@ -1,6 +1,6 @@
 """A source's `reader` section (ReaderConfig): how its files are read into documents.
 
-Kept apart from the readers (readers.py) so that reading a recipe and loading the code location (assets/recipe.py)
+Kept apart from the readers (readers.py) so that reading a recipe and loading the code location (assets/recipe/)
 do not import the WARC and HTML libraries behind them.
 """
 

@@ -1,7 +1,7 @@
 """The recipe's `tokenizer` and `packing` sections (TokenizerConfig, PackingConfig).
 
 Kept apart from the tokenizer and the packer (tokenizer.py) so that reading a recipe and loading the code location
-(assets/recipe.py) import neither numpy nor the tokenizers library.
+(assets/recipe/) import neither numpy nor the tokenizers library.
 """
 
 from __future__ import annotations

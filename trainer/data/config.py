@@ -1,8 +1,8 @@
 """The recipe's `mixing` section as the mixture search takes it (MixingConfig: the prior, the sweep's candidates,
 the search for the best mixture).
 
-Kept apart from the search (mixing.py) so that reading a recipe and loading the code location (assets/stages.py
-checks the section with it) do not import numpy.
+Kept apart from the search (mixture_search.py) so that reading a recipe and loading the code location (the
+recipe's mixing section, assets/recipe/, checks itself with it) do not import numpy.
 """
 
 from __future__ import annotations
