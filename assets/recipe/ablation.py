@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from assets.recipe.training import split_launch
-from trainer.config import ZeroShotTask
+from trainer.reporting.config import ZeroShotTask
 
 
 class ThresholdSweep(BaseModel):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trainer.config import ZeroShotTask
+from trainer.reporting.config import ZeroShotTask
 
 
 class EvaluationSection(BaseModel):

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from assets.recipe.training import split_launch
-from trainer.config import ModelConfig
+from trainer.model.config import ModelConfig
 
 
 class Size(BaseModel):

@@ -4,7 +4,7 @@ the compute and the loss of a run are counted, and the result files.
 
 The counts, the same for the ladder, the fit and every stage's prediction:
 - N is every parameter, the input embedding and the output head included (Hoffmann et al. 2022's count;
-  trainer.config.ParameterCount.total, the one count the planner and MFU read too). Not Kaplan et al.'s
+  trainer.model.config.ParameterCount.total, the one count the planner and MFU read too). Not Kaplan et al.'s
   non-embedding count: at a ladder's sizes the vocabulary's two matrices are 70-95% of the weights and learn most
   of what the short runs learn (their losses sit near the unigram entropy), so leaving them out misstates how the
   model grows. Measured on recipes/ladder.yaml's rungs: with the non-embedding N the largest size, held out, was
@@ -28,7 +28,8 @@ from dagster import AssetKey, StaticPartitionsDefinition
 
 from assets.recipe.scaling import Size, scaling_params
 from assets.recipe.training import merge, proxy_run
-from trainer.config import BatchConfig, ModelConfig
+from trainer.config import BatchConfig
+from trainer.model.config import ModelConfig
 from trainer.planner.plan import ModelShape, flops_per_token
 
 if TYPE_CHECKING:

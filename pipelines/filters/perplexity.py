@@ -75,7 +75,8 @@ class ReferenceModel:
         import torch
         from tokenizers import Tokenizer
 
-        from trainer.config import ModelConfig, from_dict
+        from trainer.config import from_dict
+        from trainer.model.config import ModelConfig
         from trainer.model.transformer import Transformer
 
         folder = Path(folder)

@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import pytest
 
 from trainer.callbacks import CALLBACKS_ENV, GuardCallback, MetricsCallback, SDCCallback, StepRecord, extra_callbacks
-from trainer.config import GuardConfig, MetricsConfig, SDCConfig
+from trainer.health.config import GuardConfig, SDCConfig
+from trainer.reporting.config import MetricsConfig
 from trainer.health.guard import RollbackRequested, SpikeGuard, Verdict
 
 

@@ -9,7 +9,9 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
-from trainer.config import BatchConfig, DeepSpeedConfig, ModelConfig, OptimConfig, RunConfig, from_dict, load_run_config
+from trainer.config import BatchConfig, OptimConfig, RunConfig, from_dict, load_run_config
+from trainer.model.config import ModelConfig
+from trainer.parallel.config import DeepSpeedConfig
 
 DEMO_RECIPE = REPO / "recipes" / "demo.yaml"  # assets.recipe names it too, but importing that loads Dagster
 BASE = {"data": {"text": "t.txt", "tokenizer": "tok.json"}, "train_tokens": 1000, "output_dir": "out"}

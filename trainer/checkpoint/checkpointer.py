@@ -67,7 +67,8 @@ import torch.distributed as torch_dist
 from trainer.checkpoint.async_save import (BackgroundWriter, mark_failed, mark_written, state_bytes,
                                 wait_written, write_files)
 from trainer.checkpoint.store import CorruptCheckpoint, LocalCheckpoints, RemoteCheckpoints, ResumePoint, find_resume
-from trainer.config import CheckpointConfig, RunConfig
+from trainer.checkpoint.config import CheckpointConfig
+from trainer.config import RunConfig
 from trainer.exits import TrainerExit
 from trainer.planner.plan import young_checkpoint_interval
 from trainer.checkpoint.rank_upload import Confirmations, RankUploader, expand_local_dir, fetch, find_committed, rank_dir

@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 from trainer.checkpoint.store import LocalCheckpoints, ResumePoint, local_step
-from trainer.config import ModelConfig, from_dict
+from trainer.config import from_dict
+from trainer.model.config import ModelConfig
 
 DS_TAG = "ds"  # trainer/checkpoint/checkpointer.py writes DeepSpeed's files under <step>/ds/
 

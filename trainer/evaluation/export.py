@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.config import ModelConfig
+from trainer.model.config import ModelConfig
 from trainer.model.transformer import standard_weights
 
 

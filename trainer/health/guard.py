@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from trainer.config import GuardConfig
+from trainer.health.config import GuardConfig
 from trainer.exits import TrainerExit
 
 

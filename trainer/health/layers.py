@@ -33,7 +33,7 @@ from collections import deque
 import torch
 from torch import nn
 
-from trainer.config import HealthConfig
+from trainer.health.config import HealthConfig
 
 
 def layer_of(name: str) -> str:

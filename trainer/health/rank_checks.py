@@ -25,7 +25,7 @@ import math
 import statistics
 from collections import deque
 
-from trainer.config import SDCConfig, StragglerConfig
+from trainer.health.config import SDCConfig, StragglerConfig
 from trainer.exits import TrainerExit
 
 

@@ -29,7 +29,7 @@ from collections import deque
 from pathlib import Path
 from typing import Callable
 
-from trainer.config import WatchdogConfig
+from trainer.health.config import WatchdogConfig
 from trainer.exits import HANG_EXIT, node_name, write_failure
 
 EXCHANGE_S = 10.0  # how long a firing rank waits for the others' reports

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from trainer.config import ModelConfig
+from trainer.model.config import ModelConfig
 
 
 class RMSNorm(nn.Module):

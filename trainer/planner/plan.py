@@ -3,7 +3,7 @@
     from trainer.planner.plan import ModelShape, Layout, plan
     p = plan(ModelShape.from_dict({...}), tokens=2e12, layout=Layout(dp=64, zero=3), device="h100", mfu=0.4)
 
-Pure arithmetic (no torch): parameter count of the Llama layout (the trainer's, trainer.config.count_parameters),
+Pure arithmetic (no torch): parameter count of the Llama layout (the trainer's, trainer.model.config.count_parameters),
 training FLOPs with the attention term, GPU-hours at a given MFU, model-state memory per GPU for a (tp, pp, dp, ZeRO) layout, the
 pipeline bubble and Young's checkpoint interval. `pretrain plan` prints these for each training stage,
 and for a FLOP budget the compute-optimal N and D (by a scaling fit, scaling_law.py, or Chinchilla's rule).
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainer.config import ParameterCount, count_parameters
-from trainer.config import flops_per_token as _flops_per_token
+from trainer.model.config import ParameterCount, count_parameters
+from trainer.model.config import flops_per_token as _flops_per_token
 
 if TYPE_CHECKING:  # the fit is read by the caller: plan's arithmetic loads no scipy
     from trainer.planner.scaling_law import ScalingFit

@@ -2,7 +2,7 @@
 
 MFU = (6N + 12·L·T·d) · tokens/s ÷ (peak FLOP/s per device × devices), with N the parameters outside the
 input embedding (a lookup, not a matmul: ParameterCount.matmul, the head included) and 12·L·T·d the attention
-scores and values (PaLM appendix B): trainer.config.flops_per_token, the planner's count too.
+scores and values (PaLM appendix B): trainer.model.config.flops_per_token, the planner's count too.
 The peak is that of the dtype the run computes in: from a device table on known GPUs; on a CPU the best
 matmul rate measured once per machine, dtype and thread count and cached under PRETRAIN_HOME
 (trainer.reporting.peak), labelled as measured.
@@ -15,8 +15,9 @@ import math
 import time
 from pathlib import Path
 
-from trainer.config import MetricsConfig, ModelConfig
-from trainer.config import flops_per_token as _flops_per_token
+from trainer.model.config import ModelConfig
+from trainer.reporting.config import MetricsConfig
+from trainer.model.config import flops_per_token as _flops_per_token
 from trainer.reporting.peak import Peak
 from trainer.reporting.pipes import PipesReporter
 

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -196,3 +197,93 @@ def test_moving_an_engine_module_keeps_every_code_version(tmp_path):
     # And the move was one that matters: some asset's code version hashes the moved module's text.
     assert moved_run["users"], f"no asset's code takes in {moved}"
     assert moved_run["users"] == unmoved["users"]
+
+
+def pick_definition(root) -> tuple[str, str]:
+    """(module, name): a top-level function or class of a pipelines module that other modules import by name, that
+    its own module does not use, that uses no other top-level name of its module, in a module no code reference
+    names by definition (`mod:Name`, `mod:*`): it can move to a module of its own by import lines alone."""
+    texts = sources(root)
+    imported: dict[tuple[str, str], int] = {}
+    for path, text in texts.items():
+        this, is_package = module_name(path, root), path.name == "__init__.py"
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and (node.module or node.level):
+                for alias in node.names:
+                    key = (imported_module(node, this, is_package), alias.name)
+                    imported[key] = imported.get(key, 0) + 1
+    everything = "\n".join(texts.values())
+    for path in sorted(texts):
+        module = module_name(path, root)
+        if path.name == "__init__.py" or not module.startswith("pipelines.") or f"{module}:" in everything:
+            continue
+        tree = ast.parse(texts[path])
+        tops = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        tops |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+        for node in tree.body:
+            if not isinstance(node, (ast.FunctionDef, ast.ClassDef)) or not imported.get((module, node.name)):
+                continue
+            others = [n for n in tree.body if n is not node]
+            used_here = any(isinstance(x, ast.Name) and x.id == node.name for n in others for x in ast.walk(n))
+            uses = {x.id for x in ast.walk(node) if isinstance(x, ast.Name)}
+            if not used_here and not uses & (tops - {node.name}):
+                return module, node.name
+    raise AssertionError("no pipelines definition can move by its import lines alone")
+
+
+def move_definition(root, module: str, name: str) -> str:
+    """Definition `name` of `module` moved to <module>_part.py beside it, with a copy of the module's top-level
+    imports, and every import statement that names it split in two: the moved name from the new module, the rest
+    from the old. Returns the new module's dotted name."""
+    old = root.joinpath(*module.split(".")).with_suffix(".py")
+    text = old.read_text(encoding="utf-8")
+    tree, lines = ast.parse(text), text.split("\n")
+    node = next(n for n in tree.body if getattr(n, "name", None) == name)
+    first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+    definition = "\n".join(lines[first - 1: node.end_lineno])
+    imports = [ast.get_source_segment(text, n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    imports.sort(key=lambda line: not line.startswith("from __future__"))
+    old.with_name(old.stem + "_part.py").write_text(
+        '"""Split from its module."""\n\n' + "\n".join(imports) + "\n\n\n" + definition + "\n", encoding="utf-8")
+    old.write_text("\n".join(lines[: first - 1] + lines[node.end_lineno:]), encoding="utf-8")
+    part = module + "_part"
+    for path, source in sources(root).items():
+        this, is_package = module_name(path, root), path.name == "__init__.py"
+        lines = source.split("\n")
+        nodes = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom) and
+                 imported_module(n, this, is_package) == module and any(a.name == name for a in n.names)]
+        for node in sorted(nodes, key=lambda n: n.lineno, reverse=True):
+            indent = lines[node.lineno - 1][: node.col_offset]
+            rest = [f"{a.name} as {a.asname}" if a.asname else a.name for a in node.names if a.name != name]
+            alias = next(a for a in node.names if a.name == name)
+            split = [f"{indent}from {part} import {name}" + (f" as {alias.asname}" if alias.asname else "")]
+            if rest:
+                split.append(f"{indent}from {module} import {', '.join(rest)}")
+            lines[node.lineno - 1: node.end_lineno] = split
+        if nodes:
+            path.write_text("\n".join(lines), encoding="utf-8")
+    return part
+
+
+@pytest.mark.slow
+def test_moving_a_definition_to_a_module_of_its_own_keeps_every_code_version(tmp_path):
+    """A module split in parts, as trainer/config.py was: the definition's text goes to a new module with the
+    imports it had, its importers' import lines are split in two; no asset's code version moves."""
+    before = copy_repo(tmp_path / "before" / "repo")
+    after = tmp_path / "after" / "repo"
+    shutil.copytree(before, after)
+    (after.parent / "shared").symlink_to(REPO.parent / "shared", target_is_directory=True)
+    module, name = pick_definition(after)
+    part = move_definition(after, module, name)
+    old_path = module.replace(".", "/") + ".py"
+    assert name not in {getattr(n, "name", None) for n in ast.parse((after / old_path).read_text()).body}
+    changed = {Path(old_path), Path(part.replace(".", "/") + ".py")}
+    for path, text in sources(after).items():
+        if path.relative_to(after) not in changed:  # elsewhere, import lines alone
+            assert without_imports(text) == without_imports((before / path.relative_to(after)).read_text()), path
+    runs = [start_build(before, module, tmp_path / "home-before"), start_build(after, part, tmp_path / "home-after")]
+    unsplit, split = (result(run) for run in runs)
+    assert split["found"] and split["assets"].startswith(str(after))
+    assert split["versions"] == unsplit["versions"]
+    # The move was one that matters: some asset's code takes in the new module, and the old one still.
+    assert split["users"], f"no asset's code takes in {part} ({module}:{name} moved)"

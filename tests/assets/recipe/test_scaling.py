@@ -51,7 +51,7 @@ def test_a_ladder_needs_a_training_section(tmp_path):
 @pytest.mark.parametrize("model", [{"d_model": 32, "n_layers": 1, "n_heads": 2},
                                    {"d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "qk_norm": True}])
 def test_n_is_every_parameter_of_the_model_the_trainer_builds(model):
-    from trainer.config import ModelConfig
+    from trainer.model.config import ModelConfig
     from trainer.model.transformer import Transformer
 
     built = Transformer(ModelConfig(**{"vocab_size": 512, **model}))

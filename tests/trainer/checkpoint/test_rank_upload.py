@@ -29,7 +29,8 @@ from tests.trainer.checkpoint.test_checkpointer import _kill_tree, _losses, _rec
 from tests.trainer.checkpoint.test_store import header, shard_files
 from tests.trainer.test_multinode import cpu_env
 from trainer.checkpoint.store import MANIFEST, CorruptCheckpoint, LocalCheckpoints, RemoteCheckpoints, step_name
-from trainer.config import CheckpointConfig, RunConfig, from_dict
+from trainer.checkpoint.config import CheckpointConfig
+from trainer.config import RunConfig, from_dict
 from trainer.checkpoint.rank_upload import (Confirmations, RankUploader, expand_local_dir, fetch, find_committed, needed,
                                  rank_dir)
 

@@ -10,7 +10,7 @@ import torch
 
 from tests.trainer.conftest import run_dict
 from trainer.checkpoint.store import CorruptCheckpoint, LocalCheckpoints
-from trainer.config import ModelConfig
+from trainer.model.config import ModelConfig
 from trainer.model.transformer import CausalLM
 from trainer.checkpoint.weights import DS_TAG, checkpoint_weights, load_initial_weights, model_config
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from tests.conftest import SHARED_DATA
-from trainer.config import ModelConfig
+from trainer.model.config import ModelConfig
 from trainer.evaluation.evaluate import canary_loss, continuation_scores, score_items, task_result, zero_shot
 from trainer.evaluation.tasks import encode_pair, load_task
 from trainer.model.transformer import Transformer

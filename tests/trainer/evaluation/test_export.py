@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.conftest import SHARED_DATA
-from trainer.config import ModelConfig
+from trainer.model.config import ModelConfig
 from trainer.evaluation.export import ExportError, export_hf_llama
 from trainer.model.transformer import CausalLM
 

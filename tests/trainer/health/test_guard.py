@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from tests.trainer.conftest import read_metrics, run_dict
-from trainer.config import GuardConfig, from_dict, RunConfig
+from trainer.config import from_dict, RunConfig
+from trainer.health.config import GuardConfig
 from trainer.health.guard import RollbackRequested, SpikeGuard, TooManySkips
 
 

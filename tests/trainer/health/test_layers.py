@@ -2,7 +2,8 @@
 
 import torch
 
-from trainer.config import HealthConfig, ModelConfig
+from trainer.health.config import HealthConfig
+from trainer.model.config import ModelConfig
 from trainer.health.layers import GradientProbe, LayerHealth, layer_of
 from trainer.model.transformer import CausalLM
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from trainer.config import SDCConfig, StragglerConfig
+from trainer.health.config import SDCConfig, StragglerConfig
 from trainer.health.rank_checks import CanaryCheck, SDCCheck, SDCStop, StragglerCheck, describe
 
 HOSTS = ["n0", "n1", "n2", "n3"]  # with 3 ranks "the others' median" of 2 is their mean

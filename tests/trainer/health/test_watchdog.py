@@ -4,7 +4,7 @@ import json
 import threading
 import time
 
-from trainer.config import WatchdogConfig
+from trainer.health.config import WatchdogConfig
 from trainer.exits import HANG_EXIT
 from trainer.health.watchdog import StepWatchdog, where_is
 

@@ -16,7 +16,8 @@ import torch
 
 from tests.conftest import SHARED_DATA
 from tests.trainer.conftest import run_dict
-from trainer.config import ModelConfig, OptimConfig, RunConfig, ScheduleConfig, from_dict
+from trainer.config import OptimConfig, RunConfig, ScheduleConfig, from_dict
+from trainer.model.config import ModelConfig
 from trainer.model.transformer import CausalLM, Transformer, standard_weights
 from trainer.optim import build_optimizer, lr_at, set_lr
 

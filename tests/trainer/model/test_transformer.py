@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from trainer.config import ModelConfig, OptimConfig, RunConfig, from_dict
+from trainer.config import OptimConfig, RunConfig, from_dict
+from trainer.model.config import ModelConfig
 from trainer.model.transformer import CausalLM, Transformer, document_causal_mask, flex_document_mask, lm_loss
 from trainer.optim import param_groups
 

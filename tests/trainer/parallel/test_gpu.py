@@ -1,6 +1,6 @@
 """The CUDA paths: compiled FlexAttention with the document mask, bf16 DeepSpeed on nccl (marker gpu).
 
-Skipped where CUDA is absent (CI); run on the device machine with `pytest -m gpu tests/trainer/test_gpu.py`.
+Skipped where CUDA is absent (CI); run on the device machine with `pytest -m gpu tests/trainer/parallel/test_gpu.py`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from tests.conftest import REPO
 from tests.trainer.conftest import read_metrics, write_run
-from trainer.config import ModelConfig
+from trainer.model.config import ModelConfig
 from trainer.model.transformer import Transformer
 
 pytestmark = pytest.mark.gpu

@@ -240,7 +240,7 @@ def test_the_stages_in_a_row_compute_the_models_logits_and_loss(doc_positions):
     sequences, document masks, restarting positions and z_loss included: what the 2-rank tests rely on."""
     import torch
 
-    from trainer.config import ModelConfig
+    from trainer.model.config import ModelConfig
     from trainer.model.transformer import CausalLM
     from trainer.parallel.pipeline import BlockStage, EmbeddingStage, HeadStage, PipelineLoss
 

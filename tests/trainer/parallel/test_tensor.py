@@ -121,7 +121,7 @@ def test_deepspeed_gets_autotp_with_our_layer_names_and_counts_a_sequence_once_p
     assert ds["tensor_parallel"]["autotp_size"] == 2
     assert "tensor_parallel" not in deepspeed_config(_config(parallel={"tensor": 1}), 4)
     # Every projection of a block is split, along the dimension Megatron splits it; norms, embedding, head are not.
-    from trainer.config import ModelConfig
+    from trainer.model.config import ModelConfig
     from trainer.model.transformer import CausalLM
 
     names = CausalLM(ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4)).state_dict()

@@ -16,7 +16,7 @@ def main(out: str, attention: str) -> None:
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)
-    from trainer.config import ModelConfig
+    from trainer.model.config import ModelConfig
     from trainer.model.transformer import CausalLM
     from trainer.parallel.sequence import SequenceParallel
 

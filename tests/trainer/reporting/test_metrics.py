@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from trainer.config import MetricsConfig, ModelConfig
+from trainer.model.config import ModelConfig
+from trainer.reporting.config import MetricsConfig
 from trainer.reporting.metrics import Metrics, flops_per_token
 from trainer.reporting.peak import Peak
 from trainer.reporting.pipes import PIPES_ENV, PipesReporter, _plain

@@ -33,7 +33,7 @@ def _records(tmp_path, name, launcher) -> list[dict]:
 
 @pytest.mark.slow  # two trainer runs (1 and 2 ranks), 4 steps each
 def test_mfu_is_per_device_and_zero_shot_splits_over_the_ranks(tmp_path):
-    from trainer.config import ModelConfig
+    from trainer.model.config import ModelConfig
     from trainer.model.transformer import Transformer
 
     runs = {1: _records(tmp_path, "one", ALONE), 2: _records(tmp_path, "two", TORCHRUN_2)}
