@@ -192,7 +192,8 @@ def _bound(alias: ast.alias, name: str) -> str:
 
 def normalize_imports(text: str) -> str:
     """`text` with every import statement of the project's packages in its canonical form (the module docstring):
-    what it binds, not where from; the line's text before and after the statement (indentation, a comment) kept.
+    what it binds under an alias, not where from, the line's text before and after the statement (indentation, a
+    comment) kept; a statement that binds no alias, alone on its lines, is taken out with them.
     Text that does not parse is returned as it is."""
     try:
         tree = ast.parse(text)
@@ -209,7 +210,8 @@ def _normalized(text: str, tree: ast.AST) -> str:
     for node in sorted(statements, key=lambda n: (n.lineno, n.col_offset), reverse=True):
         first, last = lines[node.lineno - 1].encode(), lines[node.end_lineno - 1].encode()
         # ast's column offsets count UTF-8 bytes.
-        before, canonical, after = first[: node.col_offset].decode(), _canonical(node), last[node.end_col_offset:].decode()
+        before, after = first[: node.col_offset].decode(), last[node.end_col_offset:].decode()
+        canonical = _canonical(node)
         if not canonical and not before.strip() and (not after.strip() or after.strip().startswith("#")):
             # An import that binds nothing to hash, alone on its lines: the lines go, comment and all, so that one
             # import split in two (a module split in parts) reads the same.
