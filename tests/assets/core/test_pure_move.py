@@ -97,10 +97,10 @@ def movable(module: str, root, texts) -> bool:
     return importers > 0 and not any(p.is_file() and named.search(p.read_text(errors="replace")) for p in others)
 
 
-def pick_module(root) -> str:
-    """The WARC reader (the pipelines module defining WarcEntry or read_warc) where it can be moved by its import
-    lines alone, else the first other pipelines module that can: found by scanning, so the test follows wherever
-    the module lives now."""
+def pick_module(root, package: str = "pipelines") -> str:
+    """A module of `package` that can be moved by its import lines alone, found by scanning so that the test follows
+    wherever modules live now: for pipelines the WARC reader (the module defining WarcEntry or read_warc) when it
+    can, else the first other; for trainer (hashed whole as a package by every training stage) the first."""
     texts = sources(root)
 
     def not_the_warc_reader(path) -> bool:
@@ -108,11 +108,11 @@ def pick_module(root) -> str:
         return not {"WarcEntry", "read_warc"} & tops
 
     candidates = [path for path in sorted(texts)
-                  if path.name != "__init__.py" and path.relative_to(root).parts[0] == "pipelines"]
+                  if path.name != "__init__.py" and path.relative_to(root).parts[0] == package]
     for path in sorted(candidates, key=not_the_warc_reader):  # the WARC reader first (a stable sort)
         if movable(module_name(path, root), root, texts):
             return module_name(path, root)
-    raise AssertionError("no pipelines module is imported by import lines alone")
+    raise AssertionError(f"no {package} module is imported by import lines alone")
 
 
 def move(root, module: str) -> str:
@@ -166,13 +166,14 @@ def result(process: subprocess.Popen) -> dict:
 
 
 @pytest.mark.slow
-def test_moving_an_engine_module_keeps_every_code_version(tmp_path):
+@pytest.mark.parametrize("package", ["pipelines", "trainer"])  # a data stage's module; the trainer's, named whole
+def test_moving_an_engine_module_keeps_every_code_version(tmp_path, package):
     # Two copies of the same snapshot, so that an edit under way in the repository cannot part them.
     before = copy_repo(tmp_path / "before" / "repo")
     after = tmp_path / "after" / "repo"
     shutil.copytree(before, after)
     (after.parent / "shared").symlink_to(REPO.parent / "shared", target_is_directory=True)
-    module = pick_module(after)
+    module = pick_module(after, package)
     moved = move(after, module)
     # A pure move: the module's text as it was under its new name, and in the other files import lines alone
     # rewritten (at least one).
