@@ -28,14 +28,17 @@ demo's dedup and decontamination, a trained tokenizer and packing. Each stage is
 shared machine's load drifts less between them). Stage seconds: the manifest's "seconds" where the stage records
 it (the executor's work only), else the Dagster run's duration (build, commit and the asset checks). Peak RSS:
 the process tree polled every POLL_S with psutil, and the largest RUSAGE_CHILDREN ru_maxrss of a wrapper process,
-whichever is larger. A stage whose 1-worker run took under REPEAT_BELOW_S is measured --repeats times each
-way, 1 and 2 workers alternating (its committed output removed from the store before each further run, so it
-is built again), and the fastest run of each counts, as timeit does: on a shared 2-core machine the same ~1 s
-stage varied by +-30% from one run to the next (measured: decontamination 1.44 / 1.83 s with 1 worker, 0.79 /
-1.05 s with 2; dedup at 1x with 2 workers 0.56 / 0.70 / 0.81 s, on a machine with nothing else running, while the
-engine alone, timed in one process, did 0.49-0.52 s every time), so the default is 5 runs each way. Peak RSS is the largest of the runs. The tokenizer trains in the tokenize+pack call (its peak RSS is that call's), but its run is
-timed apart and shown, not counted: it trains on a bounded sample, in one process, whatever the corpus or the
-workers. Threads are pinned to 1 per process (OMP, Rayon, tokenizers), so 1 worker means one core.
+whichever is larger. Every stage is measured several times each way, 1 and 2 workers alternating (its committed
+output removed from the store before each further run, so it is built again), and the fastest run of each counts,
+as timeit does: on a shared 2-core machine the same ~1 s stage varied by +-30% from one run to the next (measured:
+decontamination 1.44 / 1.83 s with 1 worker, 0.79 / 1.05 s with 2; dedup at 1x with 2 workers 0.56 / 0.70 /
+0.81 s, on a machine with nothing else running, while the engine alone, timed in one process, did 0.49-0.52 s every
+time), and a 31 s stage measured once read the machine as much as the stage (raw ingest at 1x, alone: 1.67 to 2.18
+in runs minutes apart, while the machine's own 2-process speed-up on Python read 1.18-1.98). So a stage whose
+1-worker run took under REPEAT_BELOW_S runs SHORT_REPEATS times each way, a longer one LONG_REPEATS times
+(--repeats sets both). Peak RSS is the largest of the runs. The tokenizer trains in the tokenize+pack call (its
+peak RSS is that call's), but its run is timed apart and shown, not counted: it trains on a bounded sample, in one
+process, whatever the corpus or the workers. Threads are pinned to 1 per process (OMP, Rayon, tokenizers), so 1 worker means one core.
 
 Targets on 2 cores: the default (2 workers) >= 1.8x 1 worker on every stage (issue 52: a stage over six or more
 input files uses both cores with no setting); peak RSS at 4x within 1.3x of 1x for every stage
@@ -80,7 +83,9 @@ FILES_PER_COPY = 6  # issue 52's check: a stage over a source of six or more inp
 CORES = 2  # the bench runs on this many of the machine's CPUs: the default side's executor takes them all
 QUICK_PAGES = 12
 POLL_S = 0.25  # psutil walks the process tree at each poll: at 0.05 s it took ~6% of a core from the workers
-REPEAT_BELOW_S = 20.0  # stages shorter than this (1 worker) are measured --repeats times each way
+REPEAT_BELOW_S = 20.0  # a stage shorter than this (1 worker) runs SHORT_REPEATS times each way, a longer one LONG_REPEATS
+SHORT_REPEATS = 5
+LONG_REPEATS = 3
 # (name, asset keys of its `pretrain materialize` call) in dependency order; the stage's figures are the last
 # key's. The tokenizer trains in the packing call (its run is timed apart and shown, not counted).
 STAGES = [
@@ -361,8 +366,8 @@ def main() -> None:
     parser.add_argument("--quick", "--smoke", dest="quick", action="store_true",
                         help=f"{QUICK_PAGES} pages per copy: the bench runs, its figures mean nothing")
     parser.add_argument("--repeats", type=int, default=None,
-                        help=f"runs each way of a stage under {REPEAT_BELOW_S:.0f} s; the fastest counts (default 5, "
-                             "1 with --quick)")
+                        help=f"runs each way of every stage; the fastest counts (default {SHORT_REPEATS} for a stage "
+                             f"under {REPEAT_BELOW_S:.0f} s, {LONG_REPEATS} for a longer one, 1 with --quick)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (homes, corpora, logs)")
     args = parser.parse_args()
     scales = [int(s) for s in args.scales.split(",")]
@@ -374,9 +379,7 @@ def main() -> None:
     measured = [(name, keys) for name, keys in STAGES[:last + 1] if name in wanted]
     setup = [(name, keys) for name, keys in STAGES[:last + 1] if name not in wanted]
     use_cores()
-    if args.repeats is None:
-        args.repeats = 1 if args.quick else 5
-    if args.repeats < 1:
+    if args.repeats is not None and args.repeats < 1:
         parser.error(f"--repeats {args.repeats}: 1 or more")
 
     from assets.recipe import DEMO_RECIPE
@@ -419,8 +422,10 @@ def main() -> None:
                     home, env = homes[scale, workers]
                     results[scale, name, workers] = r = run_stage(home, env, name, keys)
                     show(scale, name, workers, r)
-                # A short stage again (its last key only: the tokenizer is not retrained), alternating the sides.
-                for _ in range(args.repeats - 1 if results[scale, name, 1]["seconds"] < REPEAT_BELOW_S else 0):
+                # The stage again (its last key only: the tokenizer is not retrained), alternating the sides.
+                short = results[scale, name, 1]["seconds"] < REPEAT_BELOW_S
+                repeats = args.repeats or (SHORT_REPEATS if short else LONG_REPEATS)
+                for _ in range(repeats - 1):
                     for workers in (1, CORES):
                         home, env = homes[scale, workers]
                         shutil.rmtree(home / "store" / keys[-1])  # the committed output: else it is reused
