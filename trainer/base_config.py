@@ -1,4 +1,4 @@
-"""What every section of a run.json shares (_Config): frozen, unknown keys refused, values taken as JSON gives
+"""What every section of a run.json shares (RunConfigSection): frozen, unknown keys refused, values taken as JSON gives
 them. Its own module so that each part's settings (trainer/model/config.py, health/config.py, ...) can build on it
 while trainer/config.py composes them into RunConfig, with no import circle."""
 
@@ -9,7 +9,7 @@ import typing
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 
-class _Config(BaseModel):
+class RunConfigSection(BaseModel):
     """What every section shares: frozen, unknown keys refused, values taken as JSON gives them."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)

@@ -6,8 +6,8 @@ loop's own sections (optim, schedule, batch, data) are here, with how a run.json
 
 `run.json` mirrors these models field by field, validated by pydantic as the recipe is (assets/recipe/): unknown
 keys are refused so a typo never silently falls back to a default, and nothing is coerced ("2" is not 2, 1 is not
-true); every section builds on trainer/base_config.py's _Config for that. Sizes of the training run are in tokens
-(`train_tokens`, `warmup_tokens`, `ramp_tokens`) so a batch-size ramp never changes the token schedule.
+true); every section builds on trainer/base_config.py's RunConfigSection for that. Sizes of the training run are in
+tokens (`train_tokens`, `warmup_tokens`, `ramp_tokens`) so a batch-size ramp never changes the token schedule.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from trainer.base_config import _Config
+from trainer.base_config import RunConfigSection
 from trainer.checkpoint.config import CheckpointConfig
 from trainer.health.config import GuardConfig, HealthConfig, SDCConfig, StragglerConfig, WatchdogConfig
 from trainer.model.config import ModelConfig
@@ -27,7 +27,7 @@ from trainer.parallel.config import DeepSpeedConfig, ParallelConfig
 from trainer.reporting.config import MetricsConfig
 
 
-class OptimConfig(_Config):
+class OptimConfig(RunConfigSection):
     """AdamW; weight decay on matrices only (norm gains never, embeddings only if asked)."""
 
     lr: float = 3e-4
@@ -53,7 +53,7 @@ class OptimConfig(_Config):
             raise ValueError(f"optim.grad_clip must be >= 0 (0 = off), got {self.grad_clip}")
 
 
-class ScheduleConfig(_Config):
+class ScheduleConfig(RunConfigSection):
     """LR over tokens: linear warmup, then cosine to a floor, or warmup-stable-decay (WSD)."""
 
     kind: Literal["cosine", "wsd", "constant"] = "cosine"
@@ -72,7 +72,7 @@ class ScheduleConfig(_Config):
             raise ValueError(f"schedule.decay_fraction must be in [0, 1], got {self.decay_fraction}")
 
 
-class BatchConfig(_Config):
+class BatchConfig(RunConfigSection):
     """Batch in sequences of seq_len tokens; the ramp grows it in steps of ramp_start sequences."""
 
     global_batch: int = 32  # sequences per optimizer step (all ranks, all micro-batches)
@@ -128,7 +128,7 @@ TENSOR_BF16_ZERO0 = "DeepSpeed's bf16 ZeRO-0 optimizer does not count the tensor
 
 
 
-class DataSection(_Config):
+class DataSection(RunConfigSection):
     """Where the tokens come from: packed shards (trainer.data.mixture) or, for demos and tests, one text file."""
 
     shards: dict[str, str] = Field(default_factory=dict)  # source name -> packed-shard folder
@@ -151,7 +151,7 @@ class DataSection(_Config):
             raise ValueError(f"data.weights: sources {sorted(unknown)} are not in data.shards")
 
 
-class RunConfig(_Config):
+class RunConfig(RunConfigSection):
     """One training run (a stage: main, long-context, anneal) = these configs, nothing else."""
 
     data: DataSection

@@ -89,5 +89,6 @@ class ScalingSection(BaseModel):
 
 
 def scaling_params(settings: dict) -> int:
-    """N of a stage's run-config fields: every parameter (the trainer's count, trainer.config.ParameterCount.total)."""
+    """N of a stage's run-config fields: every parameter (the trainer's count,
+    trainer.model.config.ParameterCount.total)."""
     return ModelConfig(**settings.get("model", {})).parameter_count().total

@@ -2,10 +2,10 @@
 
 import pytest
 
-from trainer.base_config import _Config
+from trainer.base_config import RunConfigSection
 
 
-class Section(_Config):
+class Section(RunConfigSection):
     steps: int = 1
     ratio: float = 0.5
     name: str = "x"

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from trainer.base_config import _Config
+from trainer.base_config import RunConfigSection
 
 
-class CheckpointConfig(_Config):
+class CheckpointConfig(RunConfigSection):
     """When and where checkpoints go: local disk first (committed atomically), then the object store
     in a background thread. Layout: <local_dir>/step-<N>/ and <remote>/checkpoints/<stage>/<run_name>/step-<N>/."""
 

@@ -3,10 +3,10 @@ corruption), `straggler` and `health` (per-layer figures, the gradient probe) se
 
 from __future__ import annotations
 
-from trainer.base_config import _Config
+from trainer.base_config import RunConfigSection
 
 
-class GuardConfig(_Config):
+class GuardConfig(RunConfigSection):
     """Spike guard: skip outlier steps, stop for a rollback after repeated strikes."""
 
     enabled: bool = True
@@ -29,7 +29,7 @@ class GuardConfig(_Config):
                 raise ValueError(f"guard.{name} must be >= 1, got {getattr(self, name)}")
 
 
-class WatchdogConfig(_Config):
+class WatchdogConfig(RunConfigSection):
     """Hangs: a step that does not finish in time ends the job naming the rank and step (trainer.health.watchdog)."""
 
     enabled: bool = True
@@ -47,7 +47,7 @@ class WatchdogConfig(_Config):
                 raise ValueError(f"watchdog.{name} must be > 0, got {getattr(self, name)}")
 
 
-class SDCConfig(_Config):
+class SDCConfig(RunConfigSection):
     """Silent data corruption (trainer.health.rank_checks): every step each rank's own loss and gradient norm
     (before the all-reduce) against the others'; every canary_interval steps a fixed held-out batch."""
 
@@ -72,7 +72,7 @@ class SDCConfig(_Config):
             raise ValueError("sdc.canary_interval must be >= 0 and sdc.canary_tolerance > 0")
 
 
-class StragglerConfig(_Config):
+class StragglerConfig(RunConfigSection):
     """Per-rank step time (its own work, outside the collectives the loop can see) against the other ranks."""
 
     enabled: bool = True
@@ -91,7 +91,7 @@ class StragglerConfig(_Config):
             raise ValueError(f"straggler.steps must be in [1, straggler.window], got {self.steps}")
 
 
-class HealthConfig(_Config):
+class HealthConfig(RunConfigSection):
     """Per-layer weight and activation RMS and gradient norms every `interval` steps (trainer.health.layers)."""
 
     interval: int = 100  # 0 = off

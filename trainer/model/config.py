@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from trainer.base_config import _Config
+from trainer.base_config import RunConfigSection
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def flops_per_token(params: ParameterCount, *, layers: int, d_model: int, seq_le
     return 6 * params.matmul + (12 * layers * seq_len * d_model if attention else 0)
 
 
-class ModelConfig(_Config):
+class ModelConfig(RunConfigSection):
     """Llama-style decoder shape (RMSNorm pre-norm, SwiGLU, RoPE, GQA, no biases, untied head)."""
 
     vocab_size: int = 50257

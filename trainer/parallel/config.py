@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Literal
 from pydantic import field_validator
 
-from trainer.base_config import _Config
+from trainer.base_config import RunConfigSection
 
 
-class ParallelConfig(_Config):
+class ParallelConfig(RunConfigSection):
     """How the model is split over ranks beyond data parallelism (sequence parallelism is batch.sequence_parallel)."""
 
     # Pipeline stages (trainer.parallel.pipeline, DeepSpeed's PipelineEngine, 1F1B): every `pipeline` ranks hold one copy of
@@ -27,7 +27,7 @@ class ParallelConfig(_Config):
                 raise ValueError(f"parallel.{name} must be >= 1, got {getattr(self, name)}")
 
 
-class DeepSpeedConfig(_Config):
+class DeepSpeedConfig(RunConfigSection):
     zero_stage: Literal[0, 1, 2, 3] = 0
     # bf16 weights and activations with fp32 master weights in the optimizer, or fp32 throughout. "auto":
     # bf16 where the device computes it natively (trainer.parallel.precision), fp32 elsewhere; true / false force it.

@@ -85,7 +85,7 @@ class ModelShape:
     def n_kv_heads(self) -> int:
         return self.kv_heads if self.kv_heads is not None else self.heads
 
-    # trainer.config.ModelConfig spellings of the same fields, so its dict form loads as is.
+    # trainer.model.config.ModelConfig spellings of the same fields, so its dict form loads as is.
     ALIASES = {"n_layers": "layers", "n_heads": "heads", "n_kv_heads": "kv_heads", "vocab_size": "vocab"}
     # ModelConfig settings that change neither the parameter count nor the FLOPs.
     NOT_SIZING = frozenset({"rope_base", "z_loss", "norm_eps", "init_std", "attention", "doc_positions",
@@ -93,7 +93,7 @@ class ModelShape:
 
     @classmethod
     def from_model_config(cls, model, *, seq_len: int) -> ModelShape:
-        """From a trainer.config.ModelConfig, with its defaults resolved (d_ff None -> Llama's 8/3 rule)."""
+        """From a trainer.model.config.ModelConfig, with its defaults resolved (d_ff None -> Llama's 8/3 rule)."""
         return cls(layers=model.n_layers, d_model=model.d_model, d_ff=model.ff_dim, heads=model.n_heads,
                    kv_heads=model.n_kv_heads, vocab=model.vocab_size, seq_len=seq_len, qk_norm=model.qk_norm)
 
@@ -121,7 +121,8 @@ class ModelShape:
         return cls(**values)
 
     def parameter_count(self) -> ParameterCount:
-        """The weights by use (trainer.config.ParameterCount: total, non_embedding, matmul), the trainer's count."""
+        """The weights by use (trainer.model.config.ParameterCount: total, non_embedding, matmul): the trainer's
+        count."""
         return count_parameters(vocab=self.vocab, d_model=self.d_model, layers=self.layers, heads=self.heads,
                                 kv_heads=self.n_kv_heads, d_ff=self.d_ff, qk_norm=self.qk_norm,
                                 tied=self.tied_embeddings)
@@ -129,7 +130,7 @@ class ModelShape:
 
 def flops_per_token(shape: ModelShape, *, attention: bool = True) -> float:
     """Training FLOPs per token, forward + backward: 6 per weight a token is multiplied through (not the input
-    embedding, a lookup) plus 12·L·T·d for attention (trainer.config.flops_per_token, MFU's count too).
+    embedding, a lookup) plus 12·L·T·d for attention (trainer.model.config.flops_per_token, MFU's count too).
     attention=False leaves that term out: the 6·N·D of the scaling-law papers and cost tables."""
     return _flops_per_token(shape.parameter_count(), layers=shape.layers, d_model=shape.d_model,
                             seq_len=shape.seq_len, attention=attention)

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from trainer.base_config import _Config
+from trainer.base_config import RunConfigSection
 
 
 # The zero-shot tasks, by lm-evaluation-harness's names: the in-training evaluator (trainer/evaluation/evaluate.py) and the
@@ -14,7 +14,7 @@ from trainer.base_config import _Config
 ZeroShotTask = Literal["lambada_openai", "hellaswag", "arc_easy", "arc_challenge", "piqa", "winogrande", "boolq", "mmlu"]
 
 
-class MetricsConfig(_Config):
+class MetricsConfig(RunConfigSection):
     log_interval: int = 10  # steps between progress lines / metric records
     eval_interval: int = 0  # steps between per-domain validation losses (0 = only at the end)
     eval_batches: int = 2  # global batches of held-out data per domain per evaluation

@@ -43,8 +43,8 @@ def test_llama2_7b_parameter_count_is_exact():
     ],
 )
 def test_the_one_parameter_count_matches_the_trainers_model(fields):
-    """The planner, MFU and the ladder read one count (trainer.config.count_parameters), each its own figure of it,
-    and each is the real model's: total every weight (memory), matmul all but the input embedding (FLOPs: a lookup
+    """The planner, MFU and the ladder read one count (trainer.model.config.count_parameters), each its own figure of
+    it, and each is the real model's: total every weight (memory), matmul all but the input embedding (FLOPs: a lookup
     costs none, the head's matmul does), non_embedding all but the embedding and the head (the scaling law's N)."""
     from trainer.model.config import ModelConfig
     from trainer.model.transformer import CausalLM
