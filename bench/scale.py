@@ -49,15 +49,16 @@ worker means one core.
 Targets on 2 cores: the default (2 workers) >= 1.8x 1 worker on every stage (issue 52: a stage over six or more
 input files uses both cores with no setting); peak RSS at 4x within 1.3x of 1x for every stage
 but the dedup cluster step, whose bytes per document are printed (the stage's own figure when its manifest has one,
-else the growth of dedup's peak RSS per added document). Last line `ratio: X.XX` = the smallest 2-worker
-speed-up (the median of its pairs) of any stage at any scale; beside it, the machine's own 2-process speed-up on
-bare Python and on memory-bound numpy work (on one 2-CPU VM: 1.94-2.12x and 1.36-1.54x), the ceiling for stages that hash and look up
-arrays. `--quick` (alias `--smoke`, what tests/test_bench.py runs) does the same on
-QUICK_PAGES pages per copy with a small tokenizer and two benchmarks, each home's five stages in one `pretrain
-materialize` call (each stage's seconds from its manifest or run as above; the peak RSS is the call's): it checks
-that the bench works, its figures mean nothing. `--stages` measures only the named stages (comma-separated, e.g.
-`--stages filter`); the stages before them still run, once per home and untimed, to make their inputs. Twenty calls took ~4.7 minutes there, nearly all of it each call's
-start (the code location, great-expectations for the checks, the executor's helper) on a few dozen pages.
+else the growth of dedup's peak RSS per added document). Last line `ratio: X.XX` = the smallest 2-worker speed-up
+(the median of its pairs) of any stage at any scale; beside it, the machine's own 2-process speed-up on bare Python
+and on memory-bound numpy work (on one 2-CPU VM: 1.94-2.12x and 1.36-1.54x), the ceiling for stages that hash and
+look up arrays. `--quick` (alias `--smoke`, what tests/test_bench.py runs) does the same on QUICK_PAGES pages per
+copy with a small tokenizer and two benchmarks, each home's five stages in one `pretrain materialize` call (each
+stage's seconds from its manifest or run as above; the peak RSS is the call's): it checks that the bench works, its
+figures mean nothing. `--stages` measures only the named stages (comma-separated, e.g. `--stages filter`); the
+stages before them still run, once per home and untimed, to make their inputs. Twenty calls took ~4.7 minutes there,
+nearly all of it each call's start (the code location, great-expectations for the checks, the executor's helper) on
+a few dozen pages.
 
 Long because the corpus it builds (copies made distinct without changing what the filters see), the runs through the
 real assets, their timing and memory polling, and the machine's own ceiling are one measurement, read in one file.
@@ -90,7 +91,7 @@ FILES_PER_COPY = 6  # issue 52's check: a stage over a source of six or more inp
 CORES = 2  # the bench runs on this many of the machine's CPUs: the default side's executor takes them all
 QUICK_PAGES = 12
 POLL_S = 0.25  # psutil walks the process tree at each poll: at 0.05 s it took ~6% of a core from the workers
-REPEAT_BELOW_S = 20.0  # a stage shorter than this (1 worker) runs SHORT_REPEATS times each way, a longer one LONG_REPEATS
+REPEAT_BELOW_S = 20.0  # a stage under this (1 worker) runs SHORT_REPEATS times each way, a longer one LONG_REPEATS
 SHORT_REPEATS = 5
 LONG_REPEATS = 3
 # (name, asset keys of its `pretrain materialize` call) in dependency order; the stage's figures are the last
@@ -373,8 +374,9 @@ def main() -> None:
     parser.add_argument("--quick", "--smoke", dest="quick", action="store_true",
                         help=f"{QUICK_PAGES} pages per copy: the bench runs, its figures mean nothing")
     parser.add_argument("--repeats", type=int, default=None,
-                        help=f"runs each way of every stage, in pairs; the median pair counts (default {SHORT_REPEATS} for a stage "
-                             f"under {REPEAT_BELOW_S:.0f} s, {LONG_REPEATS} for a longer one, 1 with --quick)")
+                        help=f"runs each way of every stage, in pairs; the median pair counts (default "
+                             f"{SHORT_REPEATS} for a stage under {REPEAT_BELOW_S:.0f} s, {LONG_REPEATS} for a "
+                             "longer one, 1 with --quick)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (homes, corpora, logs)")
     args = parser.parse_args()
     scales = [int(s) for s in args.scales.split(",")]
