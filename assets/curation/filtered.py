@@ -67,7 +67,7 @@ def filter_code(config: FilterConfig) -> list[str]:
     for step, code in STEP_CODE.items():
         if getattr(config, step) is not None:
             names += [name for name in code if name not in names]  # Gopher's two steps share their module
-    return [*(f"pipelines.{name}" for name in names), "pipelines.shards", "pipelines.runner"]
+    return [*(f"pipelines.{name}" for name in names), "pipelines.input_shards", "pipelines.shards", "pipelines.runner"]
 
 
 def run_filter(inputs: Inputs, config: FilterConfig, out_dir: Path, *, raw: Output, model: Output | None,

@@ -43,7 +43,7 @@ from pipelines.filters.sample import SampleFilter
 from pipelines.filters.toxicity import ToxicityFilter
 from pipelines.filters.url import UrlBlocklistFilter
 from pipelines.runner import stat_totals
-from pipelines.shards import InputShardReader, InputShardWriter
+from pipelines.input_shards import InputShardReader, InputShardWriter
 
 class QualityModelFilter(BaseFilter):
     """Keeps documents the quality classifier scores >= threshold; metadata gets `quality_score`."""
