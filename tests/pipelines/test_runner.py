@@ -167,6 +167,48 @@ print(stat_totals(stats)["ran"], "datatrove.executor" in sys.modules, "fsspec" i
     assert json.loads((tmp_path / "logs" / "executor.json").read_text())["world_size"] == 3
 
 
+def test_tasks_after_the_first_ask_sysconfig_nothing_and_loguru_sees_the_same_library_folders(tmp_path):
+    """datatrove adds loguru sinks for every task, and each add asked sysconfig for 36 install paths afresh (8-9 ms
+    a task): a process now asks once, in its first run. Counted in a fresh process."""
+    import subprocess
+    import sys
+
+    script = f"""
+import sysconfig
+calls = [0]
+get_paths = sysconfig.get_paths
+def counting(*args, **kwargs):
+    calls[0] += 1
+    return get_paths(*args, **kwargs)
+sysconfig.get_paths = counting
+
+from loguru._better_exceptions import ExceptionFormatter
+from datatrove.pipeline.base import PipelineStep
+from pipelines.runner import LocalRunner, stat_totals
+
+expected = ExceptionFormatter._get_lib_dirs()  # loguru's own answer, before any task
+class Count(PipelineStep):
+    name = "count"
+    def run(self, data, rank=0, world_size=1):
+        self.stat_update("ran")
+        yield from data or []
+
+counts = []
+for run in range(2):
+    before = calls[0]
+    stats = LocalRunner(workers=1).run([Count()], logging_dir={str(tmp_path)!r} + f"/logs{{run}}", tasks=6)
+    counts.append((stat_totals(stats)["ran"], calls[0] - before))
+print(counts, ExceptionFormatter._get_lib_dirs() == expected, len(expected) > 0)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    (first_ran, _), (second_ran, second_calls) = eval(done.stdout.split("]")[0] + "]")
+    assert (first_ran, second_ran) == (6, 6)
+    assert second_calls == 0  # uncached: 6 tasks x 3 sinks x 36 paths = 648
+    assert done.stdout.split("]")[1].split() == ["True", "True"]
+
+
 def test_a_helper_that_dies_fails_the_run_naming_it_and_the_next_run_gets_a_new_one(tmp_path):
     runner = LocalRunner(workers=2)
     runner.warm()
